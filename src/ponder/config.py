@@ -275,9 +275,13 @@ class SFTConfig:
 
     steps / batch_size / lr: the SFT optimisation (AdamW, constant LR after warm-up).
     task_kinds: which task kinds to take demonstrations from (empty = all).
-    behaviour: `oracle` (optimal actions) or `always_search` (searches before every
-        answer, even when the answer is in the prompt: a deliberately sub-optimal
-        warm-up that leaves RL headroom).
+    behaviour: `oracle` (optimal actions), `always_search` (searches before every
+        answer, even when the answer is in the prompt) or `search_once` (searches
+        exactly once whatever the question): deliberately sub-optimal warm-ups that
+        leave RL headroom (see ponder.train.sft.demonstration_actions).
+    oracle_fraction: share of the demonstrations (drawn with train.seed) that follow
+        the oracle instead of `behaviour`, so the warm-up policy samples every
+        strategy and RL can learn when each one pays.
     examples: demonstrations to build (cycled over steps).
     """
 
@@ -287,6 +291,7 @@ class SFTConfig:
     warmup_steps: int = 2
     task_kinds: list = field(default_factory=list)
     behaviour: str = "oracle"
+    oracle_fraction: float = 0.0
     examples: int = 128
 
 

@@ -305,6 +305,7 @@ def _hop(subject: Entity, relation: str) -> dict:
         "relation": relation,
         "object": subject.facts[relation],
         "object_id": subject.links.get(relation),
+        "fact": _fact(subject, relation),
     }
 
 

@@ -44,6 +44,7 @@ from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.train.rl_metrics import episode_metrics
 from ponder.train.sampler import TaskSampler
+from ponder.train.sft import BEHAVIOURS
 from ponder.train.update import TrainingError, forward_pass_no_grad, optimise
 
 
@@ -245,7 +246,12 @@ class RLTrainer:
 
 
 def check_recipe(recipe: Recipe) -> None:
-    """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation or KL."""
+    """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
+    KL or SFT behaviour, and for an SFT oracle_fraction outside [0, 1]."""
+    if recipe.sft.behaviour not in BEHAVIOURS:
+        raise ValueError(f"sft.behaviour: unknown '{recipe.sft.behaviour}'; valid: {', '.join(BEHAVIOURS)}")
+    if not 0.0 <= recipe.sft.oracle_fraction <= 1.0:
+        raise ValueError(f"sft.oracle_fraction must be in [0, 1], got {recipe.sft.oracle_fraction}")
     ADVANTAGES.get(recipe.algo.advantage)
     POLICY_LOSSES.get(recipe.algo.loss)
     AGGREGATIONS.get(recipe.algo.aggregation)

@@ -22,28 +22,47 @@ from ponder.train.batch import collate
 from ponder.train.optim import build_optimizer
 from ponder.types import Task, Trajectory
 
-BEHAVIOURS = ("oracle", "always_search")
+BEHAVIOURS = ("oracle", "always_search", "search_once")
 
 
 def demonstration_actions(task: Task, behaviour: str) -> list[str]:
-    """The assistant actions to imitate for `task`.
+    """The assistant actions to imitate for `task`; two deliberately sub-optimal teachers:
 
     `always_search` searches before answering even when the answer is in the
-    prompt (the question itself is the query): a deliberately sub-optimal teacher.
+    prompt (the question itself is the query). `search_once` searches exactly once
+    whatever the question: like `always_search` on questions answerable from the
+    prompt, and on multi-hop questions it answers with what the first search found
+    (the bridge entity) instead of searching again.
     """
     if behaviour not in BEHAVIOURS:
         raise ValueError(f"unknown SFT behaviour '{behaviour}'; valid: {', '.join(BEHAVIOURS)}")
     actions = list(task.oracle_actions)
-    if behaviour == "always_search" and not any("<search>" in a for a in actions):
+    searches = sum("<search>" in a for a in actions)
+    if behaviour != "oracle" and searches == 0:
         actions.insert(0, f"<think>I will look this up.</think>\n<search>{task.question}</search>")
+    if behaviour == "search_once" and searches > 1:
+        hop = task.metadata["hops"][0]
+        actions = [actions[0], f"<think>The information says {hop['fact']}.</think>\n<answer>{hop['object']}</answer>"]
     return actions
 
 
+def demonstration_scripts(tasks: list[Task], behaviour: str, oracle_fraction: float, seed: int) -> dict[str, list[str]]:
+    """Task id → actions: the oracle's for a seeded `oracle_fraction` of the tasks,
+    `behaviour`'s for the rest, so the warm-up policy knows every strategy but not
+    when to use which."""
+    rng = random.Random(seed)
+    return {
+        task.id: demonstration_actions(task, "oracle" if rng.random() < oracle_fraction else behaviour)
+        for task in tasks
+    }
+
+
 def build_demonstrations(
-    tasks: list[Task], behaviour: str, retriever: Retriever, policy: Policy, recipe: Recipe
-) -> list[Trajectory]:
+    tasks: list[Task], behaviour: str, retriever: Retriever, policy: Policy, recipe: Recipe,
+    oracle_fraction: float = 0.0,
+) -> list[Trajectory]:  # fmt: skip
     """Replay each task's demonstration through the environment into Trajectory records."""
-    scripts = {task.id: demonstration_actions(task, behaviour) for task in tasks}
+    scripts = demonstration_scripts(tasks, behaviour, oracle_fraction, recipe.train.seed)
     factory = SearchQAEnvFactory(
         retriever, recipe.retriever.topk, recipe.env.max_turns, recipe.env.max_obs_tokens, policy.tokenizer
     )
@@ -116,6 +135,8 @@ def warm_up(recipe: Recipe, policy: Policy, log_dir: Path) -> list[dict[str, flo
     kinds = set(recipe.sft.task_kinds)
     tasks = [t for t in data.train if not kinds or t.kind in kinds][: recipe.sft.examples]
     retriever = build_retriever(recipe.retriever.kind, data.corpus, recipe.retriever.url)
-    demonstrations = build_demonstrations(tasks, recipe.sft.behaviour, retriever, policy, recipe)
+    demonstrations = build_demonstrations(
+        tasks, recipe.sft.behaviour, retriever, policy, recipe, recipe.sft.oracle_fraction
+    )
     with MetricsLog(log_dir, tensorboard=False) as log:
         return sft_train(policy, demonstrations, recipe.sft, recipe.train.seed, recipe.algo.micro_batch_size, log.log)
