@@ -131,12 +131,16 @@ class EnvConfig:
         synthetic tasks from `taskgen`.
     max_turns: model actions per episode before it is stopped.
     max_obs_tokens: retrieved text longer than this is truncated and marked.
+    max_invalid_actions: end an episode (stop reason `invalid`) after this many
+        actions that break the tag protocol; 0 = never, the model is told the error
+        and goes on until max_turns.
     """
 
     corpus: str = ""
     tasks: str = ""
     max_turns: int = 4
     max_obs_tokens: int = 256
+    max_invalid_actions: int = 0
     taskgen: TaskGenConfig = field(default_factory=TaskGenConfig)
 
 

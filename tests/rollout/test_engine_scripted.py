@@ -277,6 +277,17 @@ def test_malformed_action_gets_an_error_observation_and_the_episode_continues(to
     assert decode_where(tok, trajectory, 0) == "".join(t.observation or "" for t in trajectory.turns)
 
 
+def test_max_invalid_actions_ends_the_episode_at_the_nth_malformed_action(tok, retriever, tasks):
+    task = tasks[1]  # needs one search: the valid search in between does not count
+    scripts = {task.id: ["<search>unclosed", task.oracle_actions[0], "no tags at all", *task.oracle_actions[1:]]}
+    env_factory = dataclasses.replace(factory(retriever, tok), max_invalid_actions=2)
+    (trajectory,), _ = engine(tok, scripts, env_factory, group_size=1).run([task])
+    assert [t.action for t in trajectory.turns] == scripts[task.id][:3]
+    assert trajectory.stop_reason == "invalid"
+    assert trajectory.turns[-1].observation is None and trajectory.final_answer is None
+    assert trajectory.metrics["parse_errors"] == 2.0
+
+
 class BrokenRetriever:
     """A retriever whose index is gone."""
 

@@ -210,13 +210,14 @@ def world():
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=12, max_total_tokens=512)
 
 
-def rollout(policy, world, sampling=SAMPLING, batch_size=8, seed=0):
+def rollout(policy, world, sampling=SAMPLING, batch_size=8, seed=0, backend=None):
     data, retriever = world
     env_factory = SearchQAEnvFactory(
         retriever, topk=2, max_turns=3, max_obs_tokens=64, tokenizer=policy.tokenizer
     )
     config = RolloutConfig(batch_size=batch_size, group_size=2, seed=seed, sampling=sampling)
-    return RolloutEngine(HFBackend(policy, sampling, seed=seed), env_factory, config).run(data.train[:4])
+    backend = backend or HFBackend(policy, sampling, seed=seed)
+    return RolloutEngine(backend, env_factory, config).run(data.train[:4])
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,32 @@ def test_end_to_end_greedy_does_not_depend_on_batch_size(spiky, world):
     narrow, _ = rollout(spiky, world, sampling=sampling, batch_size=3)
     assert [t.response_ids for t in wide] == [t.response_ids for t in narrow]
     assert [t.loss_mask for t in wide] == [t.loss_mask for t in narrow]
+
+
+def counting_backend(policy, sampling, reuse_kv):
+    """An HFBackend that counts the tokens its sampling model reads."""
+    backend = HFBackend(policy, sampling, seed=0, reuse_kv=reuse_kv)
+    backend.tokens_read = 0
+
+    def count(module, args, kwargs):
+        backend.tokens_read += int(kwargs["attention_mask"][:, -kwargs["input_ids"].shape[1] :].sum())
+
+    backend.sampling_model().register_forward_pre_hook(count, with_kwargs=True)
+    return backend
+
+
+def test_end_to_end_reusing_each_episodes_cache_changes_nothing_but_the_work(spiky, world):
+    sampling = dataclasses.replace(SAMPLING, temperature=0.0, max_new_tokens_per_turn=6)
+    reused = counting_backend(spiky, sampling, reuse_kv=True)
+    fresh = counting_backend(spiky, sampling, reuse_kv=False)
+    with_reuse, _ = rollout(spiky, world, sampling=sampling, backend=reused)
+    without, _ = rollout(spiky, world, sampling=sampling, backend=fresh)
+    assert all(len(t.turns) == 3 for t in with_reuse)  # later turns could reuse the cache
+    assert [t.response_ids for t in with_reuse] == [t.response_ids for t in without]
+    for a, b in zip(with_reuse, without):
+        assert torch.allclose(torch.tensor(a.old_logprobs), torch.tensor(b.old_logprobs), atol=1e-5)
+    # without reuse every turn re-reads the whole conversation; with it, each token is
+    # read once, and the two samples of a task share one read of their prompt
+    expected = sum(len(t.prompt_ids) // 2 + len(t.response_ids) for t in with_reuse)
+    assert reused.tokens_read < fresh.tokens_read
+    assert reused.tokens_read <= expected + len(with_reuse)

@@ -10,7 +10,8 @@ from ponder.models import apply_lora, tiny_policy
 from ponder.models.value_head import forward_policy
 from ponder.tools.retrieval import build_retriever
 from ponder.train.batch import collate
-from ponder.train.sft import build_demonstrations, demonstration_actions, sft_train
+from ponder.train.rl import check_recipe
+from ponder.train.sft import build_demonstrations, demonstration_actions, demonstration_scripts, sft_train
 
 RECIPE = [
     "model.name=tiny",
@@ -76,9 +77,47 @@ def test_oracle_and_searching_tasks_keep_their_oracle_actions(by_kind):
 
 
 def test_unknown_behaviour_lists_the_valid_ones(by_kind):
-    message = "unknown SFT behaviour 'always-search'; valid: oracle, always_search"
+    message = "unknown SFT behaviour 'always-search'; valid: oracle, always_search, search_once"
     with pytest.raises(ValueError, match=message):
         demonstration_actions(by_kind["in_prompt"][0], "always-search")
+
+
+def test_search_once_searches_exactly_once_whatever_the_question(by_kind):
+    single, in_prompt = by_kind["single_hop"][0], by_kind["in_prompt"][0]
+    assert demonstration_actions(single, "search_once") == single.oracle_actions
+    assert demonstration_actions(in_prompt, "search_once") == demonstration_actions(in_prompt, "always_search")
+    multi = by_kind["multi_hop"][0]
+    bridge = multi.metadata["hops"][0]
+    actions = demonstration_actions(multi, "search_once")
+    assert actions[0] == multi.oracle_actions[0]
+    assert actions[1] == f"<think>The information says {bridge['fact']}.</think>\n<answer>{bridge['object']}</answer>"
+    assert len(actions) == 2 and bridge["object"] not in multi.answers
+
+
+def test_oracle_fraction_mixes_oracle_and_behaviour_demonstrations(data):
+    tasks = data.train
+    multi = [t for t in tasks if t.kind == "multi_hop"]
+    assert demonstration_scripts(tasks, "search_once", 0.0, 0) == {
+        t.id: demonstration_actions(t, "search_once") for t in tasks
+    }
+    assert demonstration_scripts(tasks, "search_once", 1.0, 0) == {t.id: t.oracle_actions for t in tasks}
+    task = multi[0]
+    picks = [demonstration_scripts([task], "search_once", 0.5, seed)[task.id] for seed in range(200)]
+    assert 70 < sum(p == task.oracle_actions for p in picks) < 130
+    assert all(p in (task.oracle_actions, demonstration_actions(task, "search_once")) for p in picks)
+    assert demonstration_scripts(tasks, "search_once", 0.5, 3) == demonstration_scripts(tasks, "search_once", 0.5, 3)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("sft.behaviour=always-search", "sft.behaviour: unknown 'always-search'; valid: oracle, always_search, search_once"),
+        ("sft.oracle_fraction=1.5", r"sft.oracle_fraction must be in \[0, 1\], got 1.5"),
+    ],
+)
+def test_bad_sft_settings_fail_the_recipe_check(override, message):
+    with pytest.raises(ValueError, match=message):
+        check_recipe(load_recipe(None, RECIPE + [override]))
 
 
 def test_demonstrations_answer_with_the_gold_after_the_scripted_turns(demonstrations, tasks):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ponder.config import Recipe
 from ponder.tools import Tool, ToolRegistry, run_tool_step
 from ponder.tools.parsers import SearchR1Parser
 from ponder.tools.retrieval import Retriever, format_hits
@@ -70,14 +71,17 @@ class SearchQAEnv:
     max_turns: int
     truncate: Callable[[str], str] | None = None
     tool_timeout_s: float | None = None
+    max_invalid_actions: int = 0  # end the episode after this many malformed actions (0 = never)
 
     def __post_init__(self) -> None:
         self.parser = SearchR1Parser()
         self.stop_strings = list(self.parser.stop_strings)
         self.turn_index = 0
+        self.invalid_actions = 0
 
     def reset(self, task: Task) -> list[dict[str, str]]:
         self.turn_index = 0
+        self.invalid_actions = 0
         return build_messages(task)
 
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
@@ -92,8 +96,11 @@ class SearchQAEnv:
             error=parse.error,
         )
         self.turn_index += 1
+        self.invalid_actions += parse.error is not None
         if parse.answer is not None:
             return None, True, {"turn": turn, "stop_reason": "answer"}
+        if self.max_invalid_actions and self.invalid_actions >= self.max_invalid_actions:
+            return None, True, {"turn": turn, "stop_reason": "invalid"}
         if self.turn_index >= self.max_turns:
             return None, True, {"turn": turn, "stop_reason": "max_turns"}
         turn.observation = outcome.observation
@@ -109,8 +116,14 @@ class SearchQAEnvFactory:
     max_turns: int = 4
     max_obs_tokens: int = 256
     tokenizer: Any = None
+    max_invalid_actions: int = 0
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe, retriever: Retriever, tokenizer: Any) -> SearchQAEnvFactory:
+        env = recipe.env
+        return cls(retriever, recipe.retriever.topk, env.max_turns, env.max_obs_tokens, tokenizer, env.max_invalid_actions)
 
     def __call__(self) -> SearchQAEnv:
         registry = ToolRegistry([search_tool(self.retriever, self.topk)])
         truncate = token_truncator(self.tokenizer, self.max_obs_tokens) if self.tokenizer is not None else None
-        return SearchQAEnv(registry, self.max_turns, truncate)
+        return SearchQAEnv(registry, self.max_turns, truncate, max_invalid_actions=self.max_invalid_actions)

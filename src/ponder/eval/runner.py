@@ -57,9 +57,7 @@ def evaluate(
     )
     if policy is None:
         policy = load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
-    factory = SearchQAEnvFactory(
-        retriever, retriever_cfg.topk, recipe.env.max_turns, recipe.env.max_obs_tokens, policy.tokenizer
-    )
+    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, policy.tokenizer)
     backend: GenerationBackend = (
         ScriptedBackend(policy.tokenizer, {t.id: t.oracle_actions for t in tasks})
         if oracle

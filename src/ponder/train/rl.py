@@ -81,9 +81,7 @@ class RLTrainer:
         self.sampler = TaskSampler([t for t in data.train if not kinds or t.kind in kinds], cfg.seed)
         self.policy = prepare_policy(recipe, policy)
         retriever = build_retriever(recipe.retriever.kind, data.corpus, recipe.retriever.url)
-        factory = SearchQAEnvFactory(
-            retriever, recipe.retriever.topk, recipe.env.max_turns, recipe.env.max_obs_tokens, self.policy.tokenizer
-        )
+        factory = SearchQAEnvFactory.from_recipe(recipe, retriever, self.policy.tokenizer)
         self.backend = HFBackend(self.policy, recipe.rollout.sampling, seed=cfg.seed)
         self.engine = RolloutEngine(self.backend, factory, recipe.rollout)
         self.reward: Any = reward or CompositeReward.from_config(recipe.reward)

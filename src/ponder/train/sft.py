@@ -63,9 +63,7 @@ def build_demonstrations(
 ) -> list[Trajectory]:  # fmt: skip
     """Replay each task's demonstration through the environment into Trajectory records."""
     scripts = demonstration_scripts(tasks, behaviour, oracle_fraction, recipe.train.seed)
-    factory = SearchQAEnvFactory(
-        retriever, recipe.retriever.topk, recipe.env.max_turns, recipe.env.max_obs_tokens, policy.tokenizer
-    )
+    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, policy.tokenizer)
     # Demonstrations are replayed whole: the sampling caps bound what the policy may
     # generate, not what it should learn; a cut action would teach a broken protocol.
     sampling = replace(recipe.rollout.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
