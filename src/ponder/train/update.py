@@ -71,8 +71,11 @@ def _mini_batch_step(trainer: RLTrainer, mini: TokenBatch) -> dict[str, float]:
     trainer.policy.model.train()
     stats: dict[str, float] = defaultdict(float)
     tokens = float(mini.loss_mask.sum())
-    for start in range(0, len(mini), algo.micro_batch_size):
-        part = mini.select(list(range(start, min(start + algo.micro_batch_size, len(mini)))))
+    # Micro-batches of similar lengths pad less; the accumulated gradient is the same.
+    lengths = mini.attention_mask.sum(-1).tolist()
+    rows = sorted(range(len(mini)), key=lambda i: lengths[i])
+    for start in range(0, len(rows), algo.micro_batch_size):
+        part = mini.select(rows[start : start + algo.micro_batch_size])
         loss, part_stats = _micro_batch_loss(trainer, part, denominator)
         if not torch.isfinite(loss):
             raise _training_error(trainer, "loss is NaN or infinite")
