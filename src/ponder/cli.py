@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--recipe", help="recipe whose env.taskgen settings to use")
     gen.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     gen.set_defaults(handler=cmd_gen_tasks)
+
+    from ponder.agent.cli import register as register_agent_commands
+
+    register_agent_commands(commands)  # `chat` and `run-agent`
     return parser
 
 

@@ -84,6 +84,15 @@ class Agent:
             made += 1
         return state
 
+    def follow_up(self, state: AgentState, message: str) -> AgentState:
+        """Continue a finished conversation with a new user message (chat). Turn, token,
+        correction and time limits apply afresh to the new request; the transcript stays."""
+        state.messages.append({"role": "user", "content": message})
+        state.phase, state.status, state.stop_reason, state.error, state.answer = "generating", "running", "", None, None
+        state.counters.turns = state.counters.corrections = state.counters.generated_tokens = 0
+        state.elapsed_s = 0.0
+        return state
+
     def step(self, state: AgentState) -> AgentState:
         """One transition of the state machine; never raises for model or tool failures."""
         if state.finished:

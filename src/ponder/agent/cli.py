@@ -1,0 +1,182 @@
+"""`ponder chat` (interactive, streaming) and `ponder run-agent` (one task, JSON out).
+
+`register(commands)` adds both to the `ponder` argument parser; `ponder.cli` calls it.
+Bad input (unknown tool, missing file, invalid config or schema file) raises
+ValueError / OSError, which `ponder.cli.main` prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+CHAT_HELP = "commands: /tools, /reset, /save FILE, /load FILE, /help, /quit"
+
+
+def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="smollm2-135m (embedded), tiny, a local HF model dir, or an OpenAI-compatible base URL")
+    parser.add_argument("--api-model", help="model name sent to an HTTP endpoint")
+    parser.add_argument("--tools", default="calculator,echo",
+                        help="comma-separated built-in tools: calculator,echo,python,read_file,search,rag")
+    parser.add_argument("--files-root", help="folder the read_file tool may read")
+    parser.add_argument("--corpus", help="JSONL corpus for the search tool")
+    parser.add_argument("--docs", action="append", help="document file or folder for the rag tool (repeatable)")
+    parser.add_argument("--config", help="YAML file of AgentConfig fields (see ponder.agent.config)")
+    parser.add_argument("--schema", help="JSON Schema file the final answer must match")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="AgentConfig overrides, e.g. max_turns=4")
+
+
+def register(commands: Any) -> None:
+    """Add `chat` and `run-agent` to the `ponder` sub-command parsers."""
+    chat = commands.add_parser("chat", help="interactive chat with an agent and its tools (streams tokens)")
+    _add_agent_arguments(chat)
+    chat.set_defaults(handler=cmd_chat)
+
+    run = commands.add_parser("run-agent", help="run an agent on one task and print the result as JSON")
+    task = run.add_mutually_exclusive_group(required=True)
+    task.add_argument("--task", help="the task text")
+    task.add_argument("--resume", metavar="STATE_JSON", help="continue a saved agent state")
+    _add_agent_arguments(run)
+    run.add_argument("--max-steps", type=int, help="stop after this many steps (the state can be resumed)")
+    run.add_argument("--save-state", metavar="FILE", help="write the final agent state as JSON")
+    run.add_argument("--out", help="write the JSON result here as well as to stdout")
+    run.add_argument("--no-transcript", action="store_true", help="leave the transcript out of the JSON")
+    run.set_defaults(handler=cmd_run_agent)
+
+
+def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] | None = None) -> Any:
+    """The Agent the arguments describe; every input is checked before the model loads."""
+    from ponder.agent import Agent, AgentConfig, load_chat_policy
+    from ponder.agent.toolbox import ToolboxOptions, build_tools
+    from ponder.config import load_recipe
+
+    config = load_recipe(args.config, args.overrides, cls=AgentConfig)
+    if args.schema:
+        config.answer_schema = _read_json(args.schema)
+    names = [name.strip() for name in args.tools.split(",") if name.strip()]
+    tools = build_tools(names, ToolboxOptions(files_root=args.files_root, corpus=args.corpus, docs=args.docs))
+    policy = load_chat_policy(args.model, temperature=args.temperature, seed=args.seed, api_model=args.api_model)
+    return Agent(policy, tools, config, on_event=on_event)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+
+
+def cmd_run_agent(args: argparse.Namespace) -> int:
+    from ponder.agent import AgentState
+    from ponder.fileio import write_text_atomic
+
+    agent = build_agent(args)
+    task: Any = AgentState.load(args.resume) if args.resume else args.task
+    state = agent.run(task, max_steps=args.max_steps)
+    if args.save_state:
+        state.save(args.save_state)
+    result = state.result()
+    if args.no_transcript:
+        result.pop("transcript")
+    text = json.dumps(result, ensure_ascii=False, indent=2, default=str)
+    if args.out:
+        write_text_atomic(args.out, text + "\n")
+    print(text)
+    return 0 if state.status == "answered" else 1
+
+
+class ChatPrinter:
+    """Shows a run as it happens: streamed text, then each tool result on its own line."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def __call__(self, kind: str, payload: Any) -> None:
+        if kind == "text":
+            self.out.write(payload)
+        elif kind == "action":
+            self.out.write("\n")
+        elif kind == "tool_result":
+            marker = "error" if payload.is_error else "ok"
+            first = payload.content.strip().splitlines()[0] if payload.content.strip() else ""
+            self.out.write(f"  [{payload.name} {marker}] {first[:200]}\n")
+        elif kind == "correction":
+            self.out.write(f"  [schema] {payload}\n")
+        elif kind == "done" and payload.status != "answered":
+            self.out.write(f"  [{payload.status}: {payload.stop_reason}{': ' + payload.error if payload.error else ''}]\n")
+        self.out.flush()
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    printer = ChatPrinter(sys.stdout)
+    agent = build_agent(args, on_event=printer)
+    return chat_loop(agent, sys.stdin, sys.stdout)
+
+
+def chat_loop(agent: Any, source: TextIO, out: TextIO) -> int:
+    """Read messages and commands line by line from `source` until EOF or /quit."""
+    from ponder.agent import StateError
+
+    state = None
+    interactive = source.isatty()
+    out.write(f"ponder chat with {agent.policy.name}; {CHAT_HELP}\n")
+    while True:
+        if interactive:
+            out.write("> ")
+            out.flush()
+        line = source.readline()
+        if not line:
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            try:
+                state, stop = _command(agent, state, line, out)
+            except (StateError, OSError) as err:
+                out.write(f"error: {str(err).splitlines()[0]}\n")
+                continue
+            if stop:
+                return 0
+            continue
+        state = agent.start(line) if state is None else agent.follow_up(state, line)
+        agent.run(state)
+
+
+def _command(agent: Any, state: Any, line: str, out: TextIO) -> tuple[Any, bool]:
+    from ponder.agent import AgentState
+
+    name, _, argument = line.partition(" ")
+    argument = argument.strip()
+    if name in ("/quit", "/exit"):
+        return state, True
+    if name == "/tools":
+        for spec in agent.registry.specs():
+            out.write(f"{spec.name}: {spec.description}\n")
+        if not len(agent.registry):
+            out.write("(no tools)\n")
+    elif name == "/reset":
+        out.write("conversation cleared\n")
+        return None, False
+    elif name in ("/save", "/load") and not argument:
+        out.write(f"usage: {name} FILE\n")
+    elif name == "/save":
+        if state is None:
+            out.write("nothing to save yet\n")
+        else:
+            state.save(argument)
+            out.write(f"saved {len(state.messages)} messages to {argument}\n")
+    elif name == "/load":
+        state = AgentState.load(argument)
+        out.write(f"loaded {len(state.messages)} messages from {argument}\n")
+        if not state.finished:
+            agent.run(state)
+    else:
+        out.write(f"unknown command {name}; {CHAT_HELP}\n")
+    return state, False
