@@ -138,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, (QUICK_DEMO if args.quick else []) + args.overrides)
     out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
     console = Console(stderr=True)
-    results = run_demo(recipe, out, say=console.print)
+    results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from)
     Console(width=None if sys.stdout.isatty() else 120).print(demo_table(results))
     console.print(f"wrote {out / 'results.json'} and plots in {out / 'rl' / 'plots'}")
     return 0
@@ -186,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--recipe", default="recipes/demo.yaml", help="demo recipe (default: recipes/demo.yaml)")
     demo.add_argument("--quick", action="store_true", help="a small smoke run: " + " ".join(QUICK_DEMO))
     demo.add_argument("--out", help="output directory (default: runs/demo or runs/demo-quick)")
+    demo.add_argument(
+        "--sft-from",
+        metavar="RUN_DIR",
+        help="reuse a finished demo run's SFT weights and pre-RL evaluations (compare RL variants from one warm-up)",
+    )
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     demo.set_defaults(handler=cmd_demo)
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import yaml
 
 from ponder.config import Recipe, to_dict
 from ponder.eval import evaluate, greedy_eval_recipe
-from ponder.fileio import write_text_atomic
+from ponder.fileio import atomic_path, write_text_atomic
+from ponder.train.checkpoint import trainable_state
 from ponder.train.plot import plot_run
 from ponder.train.progress import training_progress
 from ponder.train.rl import RLTrainer, prepare_policy
@@ -20,11 +23,20 @@ from ponder.train.sft import warm_up
 from ponder.types import save_trajectories
 
 STAGES = ("base", "sft", "rl", "oracle")
+SFT_WEIGHTS = "weights.pt"
 
 
-def run_demo(recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every stage; writes results.json, recipe.yaml, metrics and plots to run_dir."""
+def run_demo(
+    recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = print, sft_from: str | Path | None = None
+) -> dict[str, Any]:
+    """Run every stage; writes results.json, recipe.yaml, metrics and plots to run_dir.
+
+    sft_from: a finished demo run whose SFT weights and before/after-SFT evaluations
+    are reused (its recipe must match in everything but the RL settings), so RL
+    variants can be compared from one warm-up.
+    """
     run_dir = Path(run_dir)
+    previous = load_sft_run(sft_from, recipe) if sft_from is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
     started = time.perf_counter()
@@ -46,10 +58,17 @@ def run_demo(recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = p
         say(f"eval {name}: reward {metrics['reward']:.3f}  EM {metrics['em']:.3f}  "
             f"searches/ep {metrics['searches_per_episode']:.2f}")  # fmt: skip
 
-    held_out("oracle", oracle=True)
-    held_out("base")
-    if recipe.sft.steps > 0:
+    if previous is not None:
+        policy.model.load_state_dict(previous.weights, strict=False)
+        results["stages"].update(previous.stages)
+        results["sft_from"] = str(sft_from)
+    else:
+        held_out("oracle", oracle=True)
+        held_out("base")
+    if recipe.sft.steps > 0 and previous is None:
         stage("sft", lambda: warm_up(recipe, policy, run_dir / "sft"))
+        with atomic_path(run_dir / "sft" / SFT_WEIGHTS) as tmp:
+            torch.save(trainable_state(policy.model), tmp)
         held_out("sft")
     if recipe.train.steps > 0:
         stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy))
@@ -58,6 +77,34 @@ def run_demo(recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = p
     results["timing_s"]["total"] = time.perf_counter() - started
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results
+
+
+@dataclass
+class _SFTRun:
+    weights: dict[str, torch.Tensor]
+    stages: dict[str, Any]
+
+
+# Sections an RL variant may change when it reuses another run's warm-up.
+RL_SECTIONS = ("algo", "optim", "train")
+
+
+def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
+    """The SFT weights and pre-RL evaluations of a finished demo run, after checking
+    that its recipe differs from `recipe` only in RL_SECTIONS."""
+    run_dir = Path(run_dir)
+    weights, results = run_dir / "sft" / SFT_WEIGHTS, run_dir / "results.json"
+    for path in (weights, results, run_dir / "recipe.yaml"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished demo run with an SFT stage")
+    theirs = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    ours = to_dict(recipe)
+    for section in ours:
+        if section not in RL_SECTIONS and ours[section] != theirs.get(section):
+            raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
+    stages = json.loads(results.read_text())["stages"]
+    kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
+    return _SFTRun(torch.load(weights), kept)
 
 
 def _train_rl(recipe: Recipe, run_dir: Path, policy: Any) -> None:

@@ -1,0 +1,76 @@
+"""The demo pipeline on the tiny model: stages, saved SFT weights, and reusing one
+warm-up for another RL variant (`--sft-from`)."""
+
+import json
+
+import pytest
+import torch
+
+from ponder.config import load_recipe
+from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
+from ponder.train.demo import run_demo
+
+TINY = [
+    "model.name=tiny",
+    "env.max_turns=3",
+    "env.max_invalid_actions=1",
+    "env.max_obs_tokens=16",
+    "env.taskgen.n_people=20",
+    "env.taskgen.n_train=16",
+    "env.taskgen.n_eval=4",
+    "rollout.group_size=2",
+    "rollout.batch_size=8",
+    "rollout.sampling.max_new_tokens_per_turn=256",  # tiny-tokenizer oracle actions run to ~100 tokens
+    "lora.r=4",
+    "sft.steps=2",
+    "sft.batch_size=2",
+    "sft.examples=4",
+    "sft.task_kinds=[single_hop]",
+    "sft.behaviour=oracle",
+    "train.steps=1",
+    "train.tasks_per_step=2",
+    "train.save_every=1",
+    "algo.micro_batch_size=4",
+    "eval.episodes=4",
+]
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "first"
+    results = run_demo(load_recipe(None, TINY), out, say=lambda _: None)
+    return out, results
+
+
+def test_demo_writes_every_stage_and_the_sft_weights(first):
+    out, results = first
+    assert set(results["stages"]) == {"oracle", "base", "sft", "rl"}
+    assert results["stages"]["oracle"]["em"] == 1.0
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+    weights = torch.load(out / "sft" / "weights.pt")
+    assert weights and all("lora_" in name for name in weights)
+    for stage in ("oracle", "base", "sft", "rl"):
+        assert (out / f"eval-{stage}.parquet").is_file()
+
+
+def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
+    out, results = first
+    recipe = load_recipe(None, TINY + ["optim.lr=0", "optim.weight_decay=0", "algo.advantage=rloo"])
+    again = run_demo(recipe, tmp_path / "rloo", say=lambda _: None, sft_from=out)
+    for stage in ("oracle", "base", "sft"):  # compared as JSON text: NaN standard errors are equal there
+        assert json.dumps(again["stages"][stage], sort_keys=True) == json.dumps(results["stages"][stage], sort_keys=True)
+    assert "sft" not in again["timing_s"] and "eval:base" not in again["timing_s"]
+    # with lr 0 the RL run's weights are exactly the reused SFT weights
+    trained = load_checkpoint(latest_checkpoint(tmp_path / "rloo" / "rl"))["weights"]
+    sft = torch.load(out / "sft" / "weights.pt")
+    assert trained.keys() == sft.keys()
+    assert all(torch.equal(trained[name], sft[name]) for name in sft)
+
+
+def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
+    out, _ = first
+    recipe = load_recipe(None, TINY + ["env.max_turns=4"])
+    with pytest.raises(ValueError, match=r"recipe.yaml: section 'env' differs from this recipe"):
+        run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
+    with pytest.raises(FileNotFoundError, match=r"weights.pt: missing; --sft-from needs a finished demo run"):
+        run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
