@@ -1,0 +1,235 @@
+"""Several agents on one task: a coordinator with role agents, or peers in a shared chat.
+
+Both keep a shared transcript of `TeamMessage`s and both always terminate:
+- `max_rounds` bounds the rounds (a plan-and-dispatch round, or one message per peer);
+- loop detection stops a run whose plan, or a peer's message, repeats one seen before;
+- `wall_clock_s` bounds the whole run: each sub-agent gets only the time that is left,
+  and a run out of time returns `timeout` with everything gathered so far.
+Every sub-agent is an ordinary `Agent` (its own tools, limits and schema), run on a
+key of its name, so scripted tests drive each role separately.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ponder.agent.loop import Agent, replace_config
+from ponder.agent.state import AgentState
+
+
+@dataclass
+class TeamConfig:
+    """Limits of a multi-agent run.
+
+    max_rounds: plan-and-dispatch rounds (coordinator) or message rounds (peers).
+    max_subtasks: subtasks one plan may dispatch.
+    wall_clock_s: time limit of the whole run, shared by every sub-agent.
+    final_marker: a peer message starting with this ends the chat with its answer.
+    """
+
+    max_rounds: int = 3
+    max_subtasks: int = 4
+    wall_clock_s: float = 300.0
+    final_marker: str = "FINAL:"
+
+
+@dataclass
+class TeamMessage:
+    """One entry of the shared transcript; `to` is a name or "all"."""
+
+    sender: str
+    to: str
+    content: str
+    round: int
+
+
+@dataclass
+class TeamResult:
+    """How the run ended: status `answered` or `stopped`; stop_reason `answer`, `merged`,
+    `max_rounds`, `loop_detected` or `timeout`; `runs` are the sub-agents' results."""
+
+    status: str
+    stop_reason: str
+    answer: Any
+    rounds: int
+    transcript: list[TeamMessage] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_schema(roles: list[str], max_subtasks: int) -> dict[str, Any]:
+    """A plan is either subtasks for the roles or the final answer."""
+    subtask = {
+        "type": "object",
+        "properties": {"role": {"enum": roles}, "task": {"type": "string", "minLength": 1}},
+        "required": ["role", "task"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "subtasks": {"type": "array", "items": subtask, "minItems": 1, "maxItems": max_subtasks},
+            "answer": {"type": "string", "minLength": 1},
+        },
+        "oneOf": [{"required": ["subtasks"]}, {"required": ["answer"]}],
+        "additionalProperties": False,
+    }
+
+
+class _Clocked:
+    """The time left in a team run, and sub-agents limited to it."""
+
+    def __init__(self, config: TeamConfig, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.clock = clock
+        self.started = clock()
+
+    def remaining(self) -> float:
+        return self.config.wall_clock_s - (self.clock() - self.started)
+
+    def run(self, agent: Agent, task: str, key: str, result: TeamResult) -> AgentState:
+        limited = replace_config(agent, wall_clock_s=max(0.001, min(agent.config.wall_clock_s, self.remaining())))
+        state = limited.run(task, key=key)
+        result.runs.append({"agent": key, **state.result()})
+        return state
+
+
+class Coordinator:
+    """Plans with `planner`, dispatches subtasks to `roles`, merges with `merger`.
+
+    Each round the planner sees the task and every result so far, and answers with a
+    JSON plan (`plan_schema`): subtasks for named roles, or the final answer. When
+    rounds end without an answer (max_rounds, a repeated plan, or time), the merger,
+    if given, writes the answer from the results gathered.
+    """
+
+    def __init__(self, planner: Agent, roles: dict[str, Agent], merger: Agent | None = None,
+                 config: TeamConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if not roles:
+            raise ValueError("a coordinator needs at least one role agent")
+        self.config = config or TeamConfig()
+        self.planner = replace_config(planner, answer_schema=plan_schema(sorted(roles), self.config.max_subtasks))
+        self.roles = roles
+        self.merger = merger
+        self.clock = clock
+
+    def run(self, task: str) -> TeamResult:
+        timer = _Clocked(self.config, self.clock)
+        result = TeamResult("stopped", "max_rounds", None, 0)
+        results: list[str] = []
+        seen_plans: set[str] = set()
+        while result.rounds < self.config.max_rounds:
+            if timer.remaining() <= 0:
+                result.stop_reason = "timeout"
+                break
+            result.rounds += 1
+            plan = timer.run(self.planner, _planner_prompt(task, results), "planner", result)
+            if plan.status != "answered":
+                result.stop_reason = "timeout" if plan.stop_reason == "timeout" else "planner_failed"
+                break
+            if "answer" in plan.answer:
+                result.transcript.append(TeamMessage("planner", "user", plan.answer["answer"], result.rounds))
+                result.status, result.stop_reason, result.answer = "answered", "answer", plan.answer["answer"]
+                return result
+            fingerprint = json.dumps(plan.answer["subtasks"], sort_keys=True)
+            if fingerprint in seen_plans:
+                result.stop_reason = "loop_detected"
+                break
+            seen_plans.add(fingerprint)
+            self._dispatch(plan.answer["subtasks"], timer, result, results)
+        return self._merge(task, results, timer, result)
+
+    def _dispatch(self, subtasks: list[dict[str, str]], timer: _Clocked, result: TeamResult, results: list[str]) -> None:
+        for subtask in subtasks:
+            role, text = subtask["role"], subtask["task"]
+            result.transcript.append(TeamMessage("planner", role, text, result.rounds))
+            if timer.remaining() <= 0:
+                results.append(f"[{role}] {text} -> not run: out of time")
+                continue
+            state = timer.run(self.roles[role], text, role, result)
+            reply = _reply_text(state)
+            result.transcript.append(TeamMessage(role, "planner", reply, result.rounds))
+            results.append(f"[{role}] {text} -> {reply}")
+
+    def _merge(self, task: str, results: list[str], timer: _Clocked, result: TeamResult) -> TeamResult:
+        if self.merger is None or not results or timer.remaining() <= 0:
+            result.answer = "\n".join(results) or None  # what was gathered, clearly marked as not merged
+            return result
+        state = timer.run(self.merger, _merge_prompt(task, results), "merger", result)
+        if state.status == "answered":
+            result.transcript.append(TeamMessage("merger", "user", str(state.answer), result.rounds))
+            result.status, result.answer = "answered", state.answer
+            result.stop_reason = f"merged_after_{result.stop_reason}"
+        else:
+            result.answer = "\n".join(results)
+        return result
+
+
+def _reply_text(state: AgentState) -> str:
+    if state.status == "answered":
+        return state.answer if isinstance(state.answer, str) else json.dumps(state.answer)
+    return f"(no answer: {state.status}, {state.stop_reason}{': ' + state.error if state.error else ''})"
+
+
+def _planner_prompt(task: str, results: list[str]) -> str:
+    done = "\n".join(results) if results else "(none yet)"
+    return (f"Task: {task}\nResults so far:\n{done}\n"
+            'Reply with {"subtasks": [{"role": ..., "task": ...}]} to delegate, or {"answer": ...} when you can answer.')
+
+
+def _merge_prompt(task: str, results: list[str]) -> str:
+    return f"Task: {task}\nResults from the team:\n" + "\n".join(results) + "\nWrite the final answer to the task."
+
+
+class PeerChat:
+    """Agents take turns writing to a shared transcript until one writes the final answer.
+
+    Each turn an agent reads the task and the whole transcript and writes one message
+    (its run's answer); `@name` at the start addresses one peer, otherwise all. A
+    message starting with `final_marker` ends the chat with the rest as the answer.
+    """
+
+    def __init__(self, agents: dict[str, Agent], config: TeamConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if len(agents) < 2:
+            raise ValueError("a peer chat needs at least two agents")
+        self.agents = agents
+        self.config = config or TeamConfig()
+        self.clock = clock
+
+    def run(self, task: str) -> TeamResult:
+        timer = _Clocked(self.config, self.clock)
+        result = TeamResult("stopped", "max_rounds", None, 0)
+        seen: set[str] = set()
+        while result.rounds < self.config.max_rounds:
+            result.rounds += 1
+            for name, agent in self.agents.items():
+                if timer.remaining() <= 0:
+                    result.stop_reason = "timeout"
+                    return result
+                state = timer.run(agent, self._prompt(task, name, result.transcript), name, result)
+                message = _reply_text(state).strip()
+                to = message[1:].split(maxsplit=1)[0] if message.startswith("@") and len(message) > 1 else "all"
+                result.transcript.append(TeamMessage(name, to, message, result.rounds))
+                if message.startswith(self.config.final_marker):
+                    result.status, result.stop_reason = "answered", "answer"
+                    result.answer = message[len(self.config.final_marker) :].strip()
+                    return result
+                normalised = " ".join(message.lower().split())
+                if normalised in seen:
+                    result.stop_reason = "loop_detected"
+                    return result
+                seen.add(normalised)
+        return result
+
+    def _prompt(self, task: str, name: str, transcript: list[TeamMessage]) -> str:
+        peers = ", ".join(n for n in self.agents if n != name)
+        lines = "\n".join(f"{m.sender} -> {m.to}: {m.content}" for m in transcript) or "(no messages yet)"
+        return (f"You are {name}, working with {peers} on this task: {task}\nConversation so far:\n{lines}\n"
+                f"Write your next message. Start it with {self.config.final_marker} when you have the final answer.")
