@@ -144,6 +144,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gain(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ponder.eval.gain import gain_table, load_stage_pair
+
+    pairs = [load_stage_pair(run, args.before, args.after) for run in args.runs]
+    Console(width=None if sys.stdout.isatty() else 140).print(gain_table(pairs, args.before, args.after))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ponder",
@@ -193,6 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     demo.set_defaults(handler=cmd_demo)
+
+    gain = commands.add_parser(
+        "gain",
+        help="reward gain of one demo stage over another on the same held-out tasks, pooled over runs (seeds)",
+    )
+    gain.add_argument("runs", nargs="+", metavar="RUN_DIR", help="`ponder demo` output directories")
+    gain.add_argument("--before", default="sft", choices=["base", "sft", "rl"], help="baseline stage (default sft)")
+    gain.add_argument("--after", default="rl", choices=["base", "sft", "rl"], help="stage compared (default rl)")
+    gain.set_defaults(handler=cmd_gain)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
     gen.add_argument("--out", required=True, help="output directory")

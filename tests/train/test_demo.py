@@ -2,11 +2,13 @@
 warm-up for another RL variant (`--sft-from`)."""
 
 import json
+import math
 
 import pytest
 import torch
 
 from ponder.config import load_recipe
+from ponder.eval.gain import load_stage_pair, paired_gain, stage_gain
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.demo import run_demo
 
@@ -74,3 +76,42 @@ def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
         run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
     with pytest.raises(FileNotFoundError, match=r"weights.pt: missing; --sft-from needs a finished demo run"):
         run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
+
+
+def test_paired_gain_hand_computed():
+    g = paired_gain([0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0])
+    # differences 1, 0, 0, 1: mean 0.5, sample std sqrt(1/3), se sqrt(1/3)/2
+    assert (g.n, g.before, g.after, g.gain) == (4, 0.5, 1.0, 0.5)
+    assert g.se_paired == pytest.approx(math.sqrt(1 / 3) / 2)
+    assert g.se_unpaired == pytest.approx(math.sqrt(1 / 3) / 2)  # the after-scores do not vary
+    assert g.z == pytest.approx(0.5 / (math.sqrt(1 / 3) / 2))
+
+
+def test_paired_gain_invariances():
+    before, after = [0.2, 0.9, -0.1, 0.4, 1.1], [0.3, 1.0, 0.5, 0.4, 1.0]
+    g = paired_gain(before, after)
+    shuffled = paired_gain([before[i] for i in (3, 0, 4, 1, 2)], [after[i] for i in (3, 0, 4, 1, 2)])
+    shifted = paired_gain([b + 7 for b in before], [a + 7 for a in after])
+    for other in (shuffled, shifted):
+        assert other.gain == pytest.approx(g.gain)
+        assert other.se_paired == pytest.approx(g.se_paired)
+        assert other.se_unpaired == pytest.approx(g.se_unpaired)
+    with pytest.raises(ValueError, match="equal lengths, got 5 and 4"):
+        paired_gain(before, after[:4])
+
+
+def test_stage_gain_pools_runs_and_splits_by_kind(first):
+    out, results = first
+    pair = load_stage_pair(out, "base", "sft")
+    assert len(pair.before) == len(pair.after) == results["stages"]["sft"]["episodes"]
+    assert [t.task_id for t in pair.before] == [t.task_id for t in pair.after]
+    one = stage_gain([pair])
+    assert one.before == pytest.approx(results["stages"]["base"]["reward"])
+    assert one.after == pytest.approx(results["stages"]["sft"]["reward"])
+    twice = stage_gain([pair, pair])
+    assert (twice.n, twice.gain) == (2 * one.n, pytest.approx(one.gain))
+    by_kind = [stage_gain([pair], kind) for kind in sorted(set(pair.kinds))]
+    assert sum(g.n for g in by_kind) == one.n
+    assert sum(g.gain * g.n for g in by_kind) / one.n == pytest.approx(one.gain)
+    with pytest.raises(FileNotFoundError, match="eval-nope.parquet: missing"):
+        load_stage_pair(out, "nope", "sft")

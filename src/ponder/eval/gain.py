@@ -1,0 +1,112 @@
+"""Did a stage help? The reward gain between two evaluations of the same held-out
+tasks, pooled over runs (seeds), with its standard error.
+
+Both evaluations score the same tasks, so the gain is a paired difference; the
+unpaired standard error sqrt(se_before² + se_after²) is reported next to it as
+the conservative figure (it ignores that the same tasks were asked twice).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ponder.config import load_recipe
+from rich.table import Table
+
+from ponder.eval.metrics import mean, standard_error
+from ponder.types import Trajectory, load_trajectories
+
+
+@dataclass
+class Gain:
+    """after − before over n paired episodes."""
+
+    n: int
+    before: float
+    after: float
+    gain: float
+    se_paired: float
+    se_unpaired: float
+
+    @property
+    def z(self) -> float:
+        """Gain in units of the conservative (unpaired) standard error."""
+        return self.gain / self.se_unpaired if self.se_unpaired > 0 else float("nan")
+
+
+def paired_gain(before: list[float], after: list[float]) -> Gain:
+    """Gain of `after` over `before`, where before[i] and after[i] score the same task."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_gain needs equal lengths, got {len(before)} and {len(after)}")
+    differences = [a - b for a, b in zip(after, before)]
+    unpaired = math.sqrt(standard_error(before) ** 2 + standard_error(after) ** 2)
+    return Gain(len(before), mean(before), mean(after), mean(differences), standard_error(differences), unpaired)
+
+
+@dataclass
+class StagePair:
+    """One run's episodes of two stages, matched by task id, with each task's kind."""
+
+    before: list[Trajectory]
+    after: list[Trajectory]
+    kinds: list[str]
+
+
+def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl") -> StagePair:
+    """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder demo`)."""
+    from ponder.envs import load_search_qa
+
+    run_dir = Path(run_dir)
+    paths = [run_dir / f"eval-{stage}.parquet" for stage in (before, after)]
+    for path in paths:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing; run `ponder demo --out {run_dir}` first")
+    first, second = (load_trajectories(p) for p in paths)
+    by_task = {t.task_id: t for t in second}
+    if sorted(by_task) != sorted(t.task_id for t in first):
+        raise ValueError(f"{run_dir}: stages '{before}' and '{after}' evaluated different tasks")
+    recipe = load_recipe(run_dir / "recipe.yaml")
+    kinds = {t.id: t.kind for t in load_search_qa(recipe.env).eval}
+    return StagePair(first, [by_task[t.task_id] for t in first], [kinds.get(t.task_id, "?") for t in first])
+
+
+def stage_gain(pairs: list[StagePair], kind: str | None = None) -> Gain:
+    """Pooled reward gain over every run's episodes (optionally one task kind only)."""
+    before, after = [], []
+    for pair in pairs:
+        for b, a, k in zip(pair.before, pair.after, pair.kinds):
+            if kind is None or k == kind:
+                before.append(_reward(b))
+                after.append(_reward(a))
+    return paired_gain(before, after)
+
+
+def searches_by_kind(pairs: list[StagePair], stage: str) -> dict[str, float]:
+    """Mean searches per episode for each task kind at `stage` ('before' or 'after')."""
+    counts: dict[str, list[float]] = {}
+    for pair in pairs:
+        for trajectory, kind in zip(getattr(pair, stage), pair.kinds):
+            counts.setdefault(kind, []).append(trajectory.metrics.get("searches", 0.0))
+    return {kind: mean(values) for kind, values in sorted(counts.items())}
+
+
+def _reward(trajectory: Trajectory) -> float:
+    return trajectory.reward if trajectory.reward is not None else 0.0
+
+
+def gain_table(pairs: list[StagePair], before: str, after: str) -> Table:
+    """Reward gain (all tasks, then per kind) and searches per episode before/after."""
+    table = Table(title=f"{after} vs {before}: {len(pairs)} run(s), paired by task")
+    headers = ["tasks", "n", before, after, "gain", "se (paired)", "se (unpaired)", "gain / se", "searches"]
+    for header in headers:
+        table.add_column(header, justify="left" if header == "tasks" else "right")
+    kinds = sorted({k for pair in pairs for k in pair.kinds})
+    searches_before, searches_after = searches_by_kind(pairs, "before"), searches_by_kind(pairs, "after")
+    for kind in [None, *kinds]:
+        g = stage_gain(pairs, kind)
+        moved = f"{searches_before[kind]:.2f} → {searches_after[kind]:.2f}" if kind else ""
+        cells = [g.n, g.before, g.after, g.gain, g.se_paired, g.se_unpaired, g.z]
+        table.add_row(kind or "all", *[f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells], moved)
+    return table
