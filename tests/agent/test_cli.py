@@ -89,3 +89,16 @@ def test_chat_load_of_a_bad_file_is_reported(capsys, monkeypatch, tmp_path):
         code, out, _ = run_cli(capsys, ["chat", "--model", url, "--tools", ""])
     assert code == 0
     assert "error: agent state is not valid JSON" in out and "cannot read agent state" in out
+
+
+def test_run_agent_with_rag_prints_provenance(capsys, tmp_path):
+    (tmp_path / "notes.md").write_text("# Plants\nThe fern needs water twice a week.\n")
+    (tmp_path / "stock.csv").write_text("item,count\nferns,12\ncacti,3\n")
+    replies = [{"content": call("rag_search", query="how many cacti")}, {"content": "3 cacti"}]
+    with running(replies) as (url, _):
+        code, out, _ = run_cli(capsys, ["run-agent", "--task", "How many cacti?", "--model", url, "--tools", "rag",
+                                        "--docs", str(tmp_path), "--no-transcript"])
+    result = json.loads(out)
+    assert code == 0 and result["answer"] == "3 cacti"
+    assert result["provenance"][0] == {"id": "stock.csv#r2", "source": "stock.csv", "snippet": "item: cacti; count: 3",
+                                       "score": result["provenance"][0]["score"], "row": 2}

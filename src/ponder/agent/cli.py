@@ -74,6 +74,7 @@ def _read_json(path: str) -> Any:
 
 def cmd_run_agent(args: argparse.Namespace) -> int:
     from ponder.agent import AgentState
+    from ponder.agent.rag import provenance
     from ponder.fileio import write_text_atomic
 
     agent = build_agent(args)
@@ -82,6 +83,9 @@ def cmd_run_agent(args: argparse.Namespace) -> int:
     if args.save_state:
         state.save(args.save_state)
     result = state.result()
+    cited = provenance(state)
+    if cited:  # the passages the answer could be built on, with source and page/row
+        result["provenance"] = cited
     if args.no_transcript:
         result.pop("transcript")
     text = json.dumps(result, ensure_ascii=False, indent=2, default=str)
