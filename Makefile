@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ponder-installed
 
-.PHONY: install demo demo-quick test test-slow clean
+.PHONY: install demo demo-quick test test-slow bench-setup bench bench-smoke clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,28 @@ test: install
 # Long checks with the embedded model (not part of `make test`).
 test-slow: install
 	$(PY) -m pytest -m slow
+
+# The benchmarks (docs/benchmarks.md): TRL is the `bench` extra, installed on top of the
+# test environment (it changes no pinned package). `make bench` runs the machine roofline
+# and ponder vs TRL's GRPOTrainer side by side; results land in $(BENCH_OUT).
+BENCH_STAMP := $(VENV)/.ponder-bench-installed
+BENCH_OUT ?= runs/bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+bench-setup: $(BENCH_STAMP)
+
+bench: bench-setup
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/roofline.py --out $(BENCH_OUT)/roofline.json
+	$(PY) bench/grpo_vs_trl.py --out $(BENCH_OUT)/grpo_vs_trl.json
+
+# Both benchmarks on the tiny model in a few tokens: checks the harness, measures nothing.
+bench-smoke: bench-setup
+	$(PY) bench/roofline.py --smoke
+	$(PY) bench/grpo_vs_trl.py --smoke
 
 clean:
 	rm -rf $(VENV) runs

@@ -1,0 +1,57 @@
+"""The benchmark scripts' --smoke modes end to end (tiny model, a few tokens), so the
+harness cannot rot. Slow: several processes each import torch (and TRL)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _run(script, tmp_path, *args):
+    env = dict(os.environ, PONDER_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--smoke", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="trl is not installed (the `bench` extra)"
+)
+def test_grpo_vs_trl_smoke(tmp_path):
+    out = tmp_path / "results.json"
+    stdout = _run("grpo_vs_trl.py", tmp_path, "--threads", "1", "--out", str(out))
+    assert "correctness gate PASS" in stdout and "| ponder/TRL |" in stdout
+    results = json.loads(out.read_text())
+    assert results["gate"]["passed"] and set(results["workloads"]) == {"single", "tool"}
+    for workload in results["workloads"].values():
+        for system in ("ponder", "trl"):
+            run = workload["runs"][system]
+            assert len(run["steps"]) == 2  # --smoke: 1 warm-up + 2 measured steps
+            assert all(step["completion_tokens"] > 0 and step["step_s"] > 0 for step in run["steps"])
+            assert all(step["threads"] == 1 for step in run["steps"])
+            assert run["peak_rss_mb"] > 100
+
+
+def test_roofline_smoke(tmp_path):
+    out = tmp_path / "roofline.json"
+    stdout = _run("roofline.py", tmp_path, "--threads", "1", "--out", str(out))
+    assert "peak fp32 matmul" in stdout
+    measured = json.loads(out.read_text())
+    assert measured["matmul_flops_per_s"] > 1e8 and measured["bandwidth"]["read_bytes_per_s"] > 1e8
+    assert [row["batch"] for row in measured["generation"]] == [1, 2]
+    assert all(0 < row["fraction_of_roofline"] < 1 for row in measured["generation"])
+    assert 0 < measured["training"]["fraction_of_compute_roofline_6p"] < 1
