@@ -257,6 +257,7 @@ class TrainConfig:
     steps: RL steps (each: rollout, reward, advantage, update).
     tasks_per_step: tasks sampled per step (each rolled out rollout.group_size times).
     task_kinds: train only on these task kinds (empty = all).
+    stratify: every batch interleaves the task kinds (see ponder.train.sampler).
     seed: seeds python, numpy, torch and sampling.
     eval_every / eval_episodes: held-out evaluation cadence and size (0 = never).
     save_every: checkpoint every N steps (always at the end).
@@ -266,6 +267,7 @@ class TrainConfig:
     steps: int = 20
     tasks_per_step: int = 8
     task_kinds: list = field(default_factory=list)
+    stratify: bool = False
     seed: int = 0
     eval_every: int = 0
     eval_episodes: int = 32

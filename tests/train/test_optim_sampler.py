@@ -106,3 +106,25 @@ def test_state_dict_continues_the_same_sequence(consumed):
 def test_no_tasks_is_an_error():
     with pytest.raises(ValueError, match="no training tasks"):
         TaskSampler([], seed=0)
+
+
+def _kinded(counts):
+    return [
+        Task(id=f"{kind}{i}", question="q", answers=["a"], kind=kind) for kind, n in counts.items() for i in range(n)
+    ]
+
+
+def test_stratified_batches_hold_every_kind_until_a_kind_runs_out():
+    tasks = _kinded({"single_hop": 4, "multi_hop": 4, "in_prompt": 5})
+    sampler = TaskSampler(tasks, seed=0, stratify=True)
+    epoch = sampler.next_batch(13)
+    assert sorted(t.id for t in epoch) == sorted(t.id for t in tasks)  # still every task once per epoch
+    for start in range(0, 12, 3):  # the first 12 draws cycle through the three kinds
+        assert {t.kind for t in epoch[start : start + 3]} == {"single_hop", "multi_hop", "in_prompt"}
+    assert epoch[12].kind == "in_prompt"  # the one left over
+    again = TaskSampler(tasks, seed=0, stratify=True)
+    assert _ids(again.next_batch(13)) == _ids(epoch)
+    state = sampler.state_dict()
+    resumed = TaskSampler(tasks, seed=0, stratify=True)
+    resumed.load_state_dict(state)
+    assert _ids(resumed.next_batch(7)) == _ids(sampler.next_batch(7))

@@ -38,6 +38,15 @@ def test_plot_run_writes_panels_with_data_and_skips_empty_ones(tmp_path):
     assert plt.get_fignums() == []  # every figure was closed
 
 
+def test_plot_run_draws_per_kind_panels_when_kinds_are_logged(tmp_path):
+    with MetricsLog(tmp_path / "run", tensorboard=False) as log:
+        for step in (1, 2, 3):
+            log.log(step, {"reward/mean": 0.5, "kind/multi_hop/searches": 1.0 + step / 3, "kind/multi_hop/reward": 0.2})
+    written = plot_run(tmp_path / "run")
+    assert [p.name for p in written] == ["reward.png", "kinds.png"]
+    assert _is_png(written[1])
+
+
 def test_plot_run_without_eval_or_behaviour_data_skips_those_panels(tmp_path):
     with MetricsLog(tmp_path / "run", tensorboard=False) as log:
         for step in range(1, 4):

@@ -377,6 +377,10 @@ def test_episode_metrics_hand_case():
     assert metrics["reward/em"] == 0.75
     assert metrics["episode/searches"] == 1.0
     assert metrics["episode/answered"] == 0.0  # missing counts are 0
+    assert not any(key.startswith("kind/") for key in metrics)
+    by_kind = episode_metrics(episodes, {"a": "multi_hop", "b": "in_prompt"})
+    assert by_kind["kind/multi_hop/searches"] == 2.0 and by_kind["kind/multi_hop/reward"] == 1.0
+    assert by_kind["kind/in_prompt/searches"] == 0.0 and by_kind["kind/in_prompt/reward"] == 0.5
 
 
 def test_episode_metrics_leave_unscorable_rewards_out_of_the_mean():

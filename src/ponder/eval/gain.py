@@ -33,7 +33,7 @@ class Gain:
     @property
     def z(self) -> float:
         """Gain in units of the conservative (unpaired) standard error."""
-        return self.gain / self.se_unpaired if self.se_unpaired > 0 else float("nan")
+        return self.gain / self.se_unpaired if self.se_unpaired > 1e-12 else float("nan")
 
 
 def paired_gain(before: list[float], after: list[float]) -> Gain:

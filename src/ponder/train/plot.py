@@ -67,7 +67,8 @@ DPI = 110
 
 
 def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Write reward.png, eval.png, behaviour.png, optim.png and time.png where data exists.
+    """Write reward.png, eval.png, behaviour.png, kinds.png, optim.png and time.png
+    where data exists (kinds.png: reward and searches per task kind, per step).
 
     `out_dir` defaults to `run_dir/plots`. Returns the paths written, in that order.
     """
@@ -85,6 +86,7 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
         ("eval.png", lambda: _grid_figure(evals, _present(evals, _eval_keys(evals)), f"{title}: evaluation")),
         ("behaviour.png",
          lambda: _grid_figure(train, _present(train, BEHAVIOUR_KEYS), f"{title}: behaviour")),
+        ("kinds.png", lambda: _grid_figure(train, _kind_keys(train), f"{title}: per task kind")),
         ("optim.png", lambda: _grid_figure(train, _present(train, OPTIM_KEYS), f"{title}: optimisation")),
         ("time.png", lambda: _time_figure(train, title)),
     ]
@@ -149,6 +151,12 @@ def _reward_figure(records: list[dict[str, Any]], title: str) -> plt.Figure | No
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
     fig.tight_layout()
     return fig
+
+
+def _kind_keys(records: list[dict[str, Any]]) -> list[str]:
+    """kind/<kind>/searches then kind/<kind>/reward keys, grouped by metric."""
+    keys = {key for record in records for key in record if key.startswith("kind/")}
+    return sorted(keys, key=lambda key: (key.rsplit("/", 1)[-1] != "searches", key))
 
 
 def _grid_figure(records: list[dict[str, Any]], keys: Sequence[str], title: str) -> plt.Figure | None:

@@ -78,7 +78,7 @@ class RLTrainer:
         _seed_everything(cfg.seed)
         data = load_search_qa(recipe.env)
         kinds = set(cfg.task_kinds)
-        self.sampler = TaskSampler([t for t in data.train if not kinds or t.kind in kinds], cfg.seed)
+        self.sampler = TaskSampler([t for t in data.train if not kinds or t.kind in kinds], cfg.seed, cfg.stratify)
         self.policy = prepare_policy(recipe, policy)
         retriever = build_retriever(recipe.retriever.kind, data.corpus, recipe.retriever.url)
         factory = SearchQAEnvFactory.from_recipe(recipe, retriever, self.policy.tokenizer)
@@ -155,7 +155,7 @@ class RLTrainer:
         update_s = time.perf_counter() - tick
         if "policy/kl" in update:
             self.kl.update(update["policy/kl"], len(trajectories))
-        metrics = episode_metrics(trajectories)
+        metrics = episode_metrics(trajectories, {t.id: t.kind for t in tasks})
         metrics.update(update)
         metrics.update(
             {

@@ -8,8 +8,9 @@ from ponder.eval.metrics import mean
 from ponder.types import Trajectory
 
 
-def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """reward/* (mean, std, each breakdown component), episode/* counts, collapse/*.
+def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None = None) -> dict[str, float]:
+    """reward/* (mean, std, each breakdown component), episode/* counts, collapse/*,
+    and with `kinds` (task id → task kind) kind/<kind>/{reward,searches} per kind.
 
     collapse/tied_groups: share of groups whose rewards all tie (they carry no
     group-relative signal). collapse/distinct_ratio: distinct responses per group
@@ -32,4 +33,11 @@ def episode_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     distinct = [len({tuple(t.response_ids) for t in group}) / len(group) for group in groups.values()]
     metrics["collapse/tied_groups"] = mean([float(x) for x in tied])
     metrics["collapse/distinct_ratio"] = mean(distinct)
+    by_kind: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        if kinds and trajectory.task_id in kinds:
+            by_kind[kinds[trajectory.task_id]].append(trajectory)
+    for kind, group in sorted(by_kind.items()):
+        metrics[f"kind/{kind}/reward"] = mean([t.reward for t in group if t.reward is not None])
+        metrics[f"kind/{kind}/searches"] = mean([t.metrics.get("searches", 0.0) for t in group])
     return metrics

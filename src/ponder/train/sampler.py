@@ -9,21 +9,38 @@ from ponder.types import Task
 
 
 class TaskSampler:
-    """Yields batches from a fresh seeded permutation each epoch; checkpointable."""
+    """Yields batches from a fresh seeded permutation each epoch; checkpointable.
 
-    def __init__(self, tasks: list[Task], seed: int) -> None:
+    stratify: interleave task kinds (one of each kind in turn, each kind shuffled),
+    so every batch of at least as many tasks as kinds holds every kind: a step's
+    update then never sees only one kind's lesson (e.g. "skip the search") with
+    nothing from the kinds where that lesson is wrong.
+    """
+
+    def __init__(self, tasks: list[Task], seed: int, stratify: bool = False) -> None:
         if not tasks:
             raise ValueError("no training tasks to sample from (check train.task_kinds and env.taskgen.n_train)")
         self.tasks = tasks
         self.seed = seed
+        self.stratify = stratify
         self.epoch = 0
         self.position = 0
         self._order = self._permutation()
 
     def _permutation(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        return order
+        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        if not self.stratify:
+            order = list(range(len(self.tasks)))
+            rng.shuffle(order)
+            return order
+        by_kind: dict[str, list[int]] = {}
+        for index, task in enumerate(self.tasks):
+            by_kind.setdefault(task.kind, []).append(index)
+        queues = [by_kind[kind] for kind in sorted(by_kind)]
+        for queue in queues:
+            rng.shuffle(queue)
+        rng.shuffle(queues)
+        return [queue[i] for i in range(max(map(len, queues))) for queue in queues if i < len(queue)]
 
     def next_batch(self, size: int) -> list[Task]:
         batch = []
