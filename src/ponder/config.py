@@ -164,10 +164,14 @@ class EvalConfig:
     """Evaluation runs.
 
     episodes: how many held-out tasks to run (from the eval split).
+    temperature: 0 = greedy decoding; > 0 = one sampled episode per task at this
+        temperature (seeded with rollout.seed, so two evaluations of different
+        policies draw the same random numbers): the policy RL actually optimises.
     out: output directory for trajectories.parquet and metrics.json.
     """
 
     episodes: int = 32
+    temperature: float = 0.0
     out: str = "runs/eval"
 
 

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from ponder.config import load_recipe
+from ponder.eval import evaluate, held_out_recipe
 from ponder.eval.gain import load_stage_pair, paired_gain, stage_gain
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.demo import run_demo
+from ponder.train.report import demo_table
+from ponder.train.rl import prepare_policy
 
 TINY = [
     "model.name=tiny",
@@ -115,3 +118,23 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     assert sum(g.gain * g.n for g in by_kind) / one.n == pytest.approx(one.gain)
     with pytest.raises(FileNotFoundError, match="eval-nope.parquet: missing"):
         load_stage_pair(out, "nope", "sft")
+
+
+def test_sampled_held_out_evaluation_is_seeded_and_differs_from_greedy():
+    recipe = load_recipe(None, TINY + ["eval.temperature=1.0"])
+    sampled = held_out_recipe(recipe)
+    assert sampled.rollout.sampling.temperature == 1.0 and sampled.rollout.group_size == 1
+    assert held_out_recipe(load_recipe(None, TINY)).rollout.sampling.temperature == 0.0
+    policy = prepare_policy(recipe)
+    first, again = (evaluate(sampled, policy=policy).trajectories for _ in range(2))
+    greedy = evaluate(held_out_recipe(load_recipe(None, TINY)), policy=policy).trajectories
+    assert [t.response_ids for t in first] == [t.response_ids for t in again]
+    assert [t.response_ids for t in first] != [t.response_ids for t in greedy]
+    table = demo_table({"stages": {"base": summarise_stub()}, "eval_temperature": 1.0})
+    assert table.title == "held-out tasks (4 episodes, sampled at temperature 1)"
+
+
+def summarise_stub():
+    """A stage's metrics as `ponder demo` stores them (values are arbitrary)."""
+    row = {"episodes": 4, "reward": 0.5, "reward_se": 0.1, "em": 0.5, "format": 1.0, "searches_per_episode": 1.0}
+    return {**row, "by_kind": {"single_hop": dict(row)}}

@@ -2,6 +2,6 @@
 
 from ponder.eval.metrics import mean, standard_error, summarise
 from ponder.eval.report import metrics_table
-from ponder.eval.runner import EvalInputError, EvalResult, evaluate, greedy_eval_recipe, save_result
+from ponder.eval.runner import EvalInputError, EvalResult, evaluate, held_out_recipe, save_result
 
-__all__ = ["EvalInputError", "EvalResult", "evaluate", "greedy_eval_recipe", "mean", "metrics_table", "save_result", "standard_error", "summarise"]
+__all__ = ["EvalInputError", "EvalResult", "evaluate", "held_out_recipe", "mean", "metrics_table", "save_result", "standard_error", "summarise"]

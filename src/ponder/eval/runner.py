@@ -82,9 +82,9 @@ def evaluate(
     return EvalResult(trajectories, metrics, stats, tasks)
 
 
-def greedy_eval_recipe(recipe: Recipe, episodes: int | None = None) -> Recipe:
-    """The recipe for held-out evaluation: greedy decoding, one sample per task."""
-    sampling = replace(recipe.rollout.sampling, temperature=0.0)
+def held_out_recipe(recipe: Recipe, episodes: int | None = None) -> Recipe:
+    """The recipe for held-out evaluation: one episode per task at eval.temperature (0 = greedy)."""
+    sampling = replace(recipe.rollout.sampling, temperature=recipe.eval.temperature)
     rollout = replace(recipe.rollout, sampling=sampling, group_size=1)
     evaluation = replace(recipe.eval, episodes=episodes) if episodes is not None else recipe.eval
     return replace(recipe, rollout=rollout, eval=evaluation)

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from ponder.config import Recipe, to_dict
-from ponder.eval import evaluate, greedy_eval_recipe
+from ponder.eval import evaluate, held_out_recipe
 from ponder.fileio import atomic_path, write_text_atomic
 from ponder.train.checkpoint import trainable_state
 from ponder.train.plot import plot_run
@@ -41,8 +41,8 @@ def run_demo(
     write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
     started = time.perf_counter()
     policy = prepare_policy(recipe)
-    eval_recipe = greedy_eval_recipe(recipe)
-    results: dict[str, Any] = {"stages": {}, "timing_s": {}}
+    eval_recipe = held_out_recipe(recipe)
+    results: dict[str, Any] = {"stages": {}, "timing_s": {}, "eval_temperature": recipe.eval.temperature}
 
     def stage(name: str, fn: Callable[[], Any]) -> Any:
         tick = time.perf_counter()

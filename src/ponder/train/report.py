@@ -13,7 +13,9 @@ def demo_table(results: dict[str, Any]) -> Table:
     """Reward, EM and search behaviour per stage, with searches split by task kind."""
     stages = results["stages"]
     kinds = sorted({k for m in stages.values() for k in m.get("by_kind", {})})
-    table = Table(title=f"held-out tasks ({next(iter(stages.values()))['episodes']} episodes, greedy)")
+    temperature = results.get("eval_temperature", 0.0)
+    decoding = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}"
+    table = Table(title=f"held-out tasks ({next(iter(stages.values()))['episodes']} episodes, {decoding})")
     for header in ["stage", "reward", "± se", "EM", "format", "searches/ep"] + [f"searches {k}" for k in kinds]:
         table.add_column(header, justify="left" if header == "stage" else "right")
     for name in ("base", "sft", "rl", "oracle"):

@@ -175,10 +175,10 @@ class RLTrainer:
         return LossConfig(algo.clip_low, algo.clip_high, None, algo.aggregation, algo.norm_constant, algo.value_clip)
 
     def evaluate_held_out(self) -> dict[str, float]:
-        from ponder.eval import evaluate, greedy_eval_recipe
+        from ponder.eval import evaluate, held_out_recipe
 
         tick = time.perf_counter()
-        recipe = greedy_eval_recipe(self.recipe, self.recipe.train.eval_episodes)
+        recipe = held_out_recipe(self.recipe, self.recipe.train.eval_episodes)
         self.policy.model.eval()
         result = evaluate(recipe, policy=self.policy)
         metrics = {f"eval/{k}": float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
