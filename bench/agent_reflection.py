@@ -97,11 +97,14 @@ def run_condition(condition: str, agent, tasks_per_family: int, encoder, workdir
             if condition == "none":
                 state = agent.run(task, key=key)
                 outcomes.append(judge_for(family)(state)[0])
+                print(f"  none {family} #{index}: answer={state.answer!r:.60}", flush=True)
                 continue
             outcome = run_with_reflection(
                 agent, task, family, memory, judge_for(family), key=key, lesson_source=condition
             )
             outcomes.append(outcome.success)
+            print(f"  {condition} {family} #{index}: {'ok' if outcome.success else 'fail'} "
+                  f"answer={outcome.state.answer!r:.60} lessons_used={len(outcome.lessons_used)}", flush=True)
             if outcome.lesson_written:
                 lessons.setdefault(family, []).append(outcome.lesson_written)
         per_family[family] = outcomes
@@ -121,6 +124,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=6, help="tasks per family (at most 10)")
     parser.add_argument("--conditions", default="none,model,feedback")
     parser.add_argument("--out", default="runs/agent_reflection.json")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a busy 2-core machine)")
     args = parser.parse_args()
 
     import torch
@@ -128,6 +132,7 @@ def main() -> None:
     from ponder.agent import Agent, AgentConfig, load_chat_policy
     from ponder.tools.retrieval import load_encoder
 
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     random.seed(0)
     policy = load_chat_policy(args.model, temperature=0.0)
@@ -141,16 +146,19 @@ def main() -> None:
             outcome = run_condition(condition, agent, args.tasks, encoder, Path(workdir))
             outcome["seconds"] = round(time.monotonic() - started, 1)
             results["conditions"][condition] = outcome
+            _write(args.out, results)  # after each condition, so a cut run keeps what it measured
             print(
                 f"{condition:>9}: success after the first task of each family = "
                 f"{outcome['success_after_first']:.2f} ({outcome['n_scored']} tasks, {outcome['seconds']} s)",
                 flush=True,
             )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    print(f"wrote {args.out}")
+
+
+def _write(path: str, results: dict) -> None:
     from ponder.fileio import write_text_atomic
 
-    write_text_atomic(args.out, json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_text_atomic(path, json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def clean_lesson(text: str, max_chars: int = 300) -> str:
     return ""
 
 
-def write_lesson(agent: Agent, state: AgentState, feedback: str, max_new_tokens: int = 64) -> str:
+def write_lesson(agent: Agent, state: AgentState, feedback: str, max_new_tokens: int = 40) -> str:
     """Ask the agent's model for a lesson about the failed run; "" if it wrote none."""
     summary = extractive_summary(state.messages[2:]) or "(nothing)"
     prompt = LESSON_PROMPT.format(task=state.task, summary=summary, feedback=feedback)
