@@ -5,6 +5,7 @@ from matplotlib import pyplot as plt
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.metrics_log import read_metrics
 from ponder.train.plot import (
+    plot_stages,
     _ema, _eval_records, _merge_by_step, _series, _train_records, compare_runs, plot_run,
 )
 
@@ -45,6 +46,15 @@ def test_plot_run_draws_per_kind_panels_when_kinds_are_logged(tmp_path):
     written = plot_run(tmp_path / "run")
     assert [p.name for p in written] == ["reward.png", "kinds.png"]
     assert _is_png(written[1])
+
+
+def test_plot_stages_draws_one_bar_per_stage_and_kind(tmp_path):
+    row = {"reward": 0.5, "reward_se": 0.1, "searches_per_episode": 1.0}
+    results = {"stages": {name: {"by_kind": {"single_hop": row, "in_prompt": row}} for name in ("sft", "rl")}}
+    path = plot_stages(results, tmp_path / "stages.png")
+    assert _is_png(path) and plt.get_fignums() == []
+    with pytest.raises(ValueError, match="no per-kind stage results"):
+        plot_stages({"stages": {}}, tmp_path / "none.png")
 
 
 def test_plot_run_without_eval_or_behaviour_data_skips_those_panels(tmp_path):

@@ -16,7 +16,7 @@ from ponder.config import Recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe
 from ponder.fileio import atomic_path, write_text_atomic
 from ponder.train.checkpoint import trainable_state
-from ponder.train.plot import plot_run
+from ponder.train.plot import plot_run, plot_stages
 from ponder.train.progress import training_progress
 from ponder.train.rl import RLTrainer, prepare_policy
 from ponder.train.sft import warm_up
@@ -75,6 +75,7 @@ def run_demo(
         held_out("rl")
         plot_run(run_dir / "rl")
     results["timing_s"]["total"] = time.perf_counter() - started
+    plot_stages(results, run_dir / "stages.png")
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results
 

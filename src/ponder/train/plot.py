@@ -129,6 +129,34 @@ def compare_runs(run_dirs: dict[str, str | os.PathLike[str]], key: str, out: str
     return _save(fig, Path(out))
 
 
+STAGE_LABELS = {"base": "before SFT", "sft": "after SFT", "rl": "after RL", "oracle": "oracle"}
+
+
+def plot_stages(results: dict[str, Any], out: str | os.PathLike[str]) -> Path:
+    """Held-out reward and searches per episode for each task kind, one bar per
+    demo stage (results as written by `ponder demo`), with ± one standard error."""
+    stages = [name for name in STAGE_LABELS if name in results["stages"]]
+    kinds = sorted({k for name in stages for k in results["stages"][name].get("by_kind", {})})
+    if not stages or not kinds:
+        raise ValueError("no per-kind stage results to plot")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / len(stages)
+    for ax, metric, label in ((axes[0], "reward", "reward"), (axes[1], "searches_per_episode", "searches per episode")):
+        for i, name in enumerate(stages):
+            rows = [results["stages"][name]["by_kind"].get(kind, {}) for kind in kinds]
+            values = [row.get(metric, float("nan")) for row in rows]
+            errors = np.nan_to_num([row.get("reward_se", 0.0) for row in rows]) if metric == "reward" else None
+            positions = np.arange(len(kinds)) + (i - (len(stages) - 1) / 2) * width
+            ax.bar(positions, values, width, yerr=errors, capsize=2, label=STAGE_LABELS[name])
+        ax.set_xticks(np.arange(len(kinds)), kinds)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("held-out tasks by kind")
+    fig.tight_layout()
+    return _save(fig, Path(out))
+
+
 def _reward_figure(records: list[dict[str, Any]], title: str) -> plt.Figure | None:
     """Mean reward with a ±std band, and each reward component, on one axes."""
     reward_keys = {key for record in records for key in record if key.startswith("reward/")}
