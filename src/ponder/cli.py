@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 EXIT_BAD_INPUT = 2
 
@@ -154,32 +155,8 @@ def cmd_gain(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ponder",
-        description="Train LLM agents that think, search and call tools, and run them.",
-        epilog="Recipes are YAML files (see recipes/); any key can be overridden as key=value, "
-        "e.g. rollout.sampling.temperature=0.7.",
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    run = commands.add_parser("eval", help="evaluate a policy on held-out search-QA tasks; writes Parquet + JSON")
-    run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
-    run.add_argument("--model", help="smollm2-135m (embedded), tiny, a local HF model dir, or a hub id")
-    run.add_argument("--episodes", type=int, help="number of held-out tasks to run")
-    run.add_argument("--out", help="output directory (default: the recipe's eval.out)")
-    run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
-    run.set_defaults(handler=cmd_eval)
-
-    serve = commands.add_parser("serve-retriever", help="serve a corpus over Search-R1's POST /retrieve API")
-    serve.add_argument("--corpus", help="JSONL corpus of {id, contents} (default: the recipe's corpus)")
-    serve.add_argument("--recipe", help="recipe whose corpus to serve when --corpus is not given")
-    serve.add_argument("--kind", default="bm25", choices=["bm25", "dense", "hybrid"], help="retriever")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--topk", type=int, default=3, help="results per query when a request gives none")
-    serve.set_defaults(handler=cmd_serve_retriever)
-
+def _add_training_commands(commands: Any) -> None:
+    """`train`, `plot`, `demo` and `gain`."""
     train = commands.add_parser("train", help="RL-train a policy (GRPO, RLOO, REINFORCE, PPO) from a recipe")
     source = train.add_mutually_exclusive_group(required=True)
     source.add_argument("--recipe", help="YAML recipe, e.g. recipes/search_qa_grpo.yaml")
@@ -212,6 +189,35 @@ def build_parser() -> argparse.ArgumentParser:
     gain.add_argument("--before", default="sft", choices=["base", "sft", "rl"], help="baseline stage (default sft)")
     gain.add_argument("--after", default="rl", choices=["base", "sft", "rl"], help="stage compared (default rl)")
     gain.set_defaults(handler=cmd_gain)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ponder",
+        description="Train LLM agents that think, search and call tools, and run them.",
+        epilog="Recipes are YAML files (see recipes/); any key can be overridden as key=value, "
+        "e.g. rollout.sampling.temperature=0.7.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser("eval", help="evaluate a policy on held-out search-QA tasks; writes Parquet + JSON")
+    run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
+    run.add_argument("--model", help="smollm2-135m (embedded), tiny, a local HF model dir, or a hub id")
+    run.add_argument("--episodes", type=int, help="number of held-out tasks to run")
+    run.add_argument("--out", help="output directory (default: the recipe's eval.out)")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    run.set_defaults(handler=cmd_eval)
+
+    serve = commands.add_parser("serve-retriever", help="serve a corpus over Search-R1's POST /retrieve API")
+    serve.add_argument("--corpus", help="JSONL corpus of {id, contents} (default: the recipe's corpus)")
+    serve.add_argument("--recipe", help="recipe whose corpus to serve when --corpus is not given")
+    serve.add_argument("--kind", default="bm25", choices=["bm25", "dense", "hybrid"], help="retriever")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--topk", type=int, default=3, help="results per query when a request gives none")
+    serve.set_defaults(handler=cmd_serve_retriever)
+
+    _add_training_commands(commands)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
     gen.add_argument("--out", required=True, help="output directory")
