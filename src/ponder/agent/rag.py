@@ -17,6 +17,7 @@ from typing import Any
 from ponder.agent.rag_ingest import IngestReport, ingest
 from ponder.agent.state import AgentState
 from ponder.tools.base import Tool
+from ponder.tools.builtin import QUERY_PARAMETERS
 from ponder.tools.retrieval import BM25Retriever, DenseRetriever, Document, HybridRetriever, Retriever
 from ponder.types import ToolSpec
 
@@ -90,12 +91,7 @@ class RagIndex:
         spec = ToolSpec(
             name=name,
             description=f"Search the local documents ({sources}) and return passages with their source, page or row.",
-            parameters={
-                "type": "object",
-                "properties": {"query": {"type": "string", "description": "what to look for"}},
-                "required": ["query"],
-                "additionalProperties": False,
-            },
+            parameters=dict(QUERY_PARAMETERS),
         )
         return Tool(spec, run)
 

@@ -13,8 +13,9 @@ from typing import Any, Callable
 from ponder.config import Recipe
 from ponder.tools import Tool, ToolRegistry, run_tool_step
 from ponder.tools.parsers import SearchR1Parser
-from ponder.tools.retrieval import Retriever, format_hits
-from ponder.types import Task, ToolSpec, Turn
+from ponder.tools.builtin import make_corpus_search_tool
+from ponder.tools.retrieval import Retriever
+from ponder.types import Task, Turn
 
 INSTRUCTIONS = (
     "Answer the question. Think in <think></think>. To look a fact up, write "
@@ -25,24 +26,8 @@ TRUNCATION_MARK = " …[truncated]"
 
 
 def search_tool(retriever: Retriever, topk: int) -> Tool:
-    """A `search` tool over a retriever; retrieval failures raise, and the registry
-    turns them into an error observation the model can read."""
-
-    def run(query: str) -> str:
-        hits = retriever.search([query], topk)[0]
-        return format_hits(hits) if hits else "no results"
-
-    spec = ToolSpec(
-        name="search",
-        description="Search the document collection and return the best-matching passages.",
-        parameters={
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "what to look for"}},
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-    )
-    return Tool(spec, run)
+    """The environment's `search` tool: the built-in corpus search over `retriever`."""
+    return make_corpus_search_tool(retriever, topk, name="search")
 
 
 def token_truncator(tokenizer: Any, max_tokens: int) -> Callable[[str], str]:

@@ -99,7 +99,8 @@ def _reward(trajectory: Trajectory) -> float:
 def gain_table(pairs: list[StagePair], before: str, after: str) -> Table:
     """Reward gain (all tasks, then per kind) and searches per episode before/after."""
     table = Table(title=f"{after} vs {before}: {len(pairs)} run(s), paired by task")
-    headers = ["tasks", "n", before, after, "gain", "se (paired)", "se (unpaired)", "gain / se", "searches"]
+    headers = ["tasks", "n", before, after, "gain", "se (paired)", "se (unpaired)", "gain / se (unpaired)"]
+    headers.append("searches")
     for header in headers:
         table.add_column(header, justify="left" if header == "tasks" else "right")
     kinds = sorted({k for pair in pairs for k in pair.kinds})

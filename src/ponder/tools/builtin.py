@@ -166,21 +166,22 @@ def make_read_file_tool(root: str | os.PathLike[str], max_bytes: int = 100_000) 
     return tool(read_file)
 
 
+# The arguments of every search tool: one free-text query.
+QUERY_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "description": "what to look for"}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
 def make_corpus_search_tool(retriever: Retriever, topk: int = 3, name: str = "search") -> Tool:
-    """A search tool over a local corpus (any Retriever: BM25, dense, hybrid, HTTP)."""
+    """A search tool over a local corpus (any Retriever: BM25, dense, hybrid, HTTP);
+    retrieval failures raise, and the registry turns them into an error observation."""
 
     def run(query: str) -> str:
         hits = retriever.search([query], topk)[0]
         return format_hits(hits) if hits else "no results"
 
-    spec = ToolSpec(
-        name=name,
-        description="Search the local document collection and return the best-matching passages.",
-        parameters={
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "what to look for"}},
-            "required": ["query"],
-            "additionalProperties": False,
-        },
-    )
-    return Tool(spec, run)
+    description = "Search the local document collection and return the best-matching passages."
+    return Tool(ToolSpec(name=name, description=description, parameters=dict(QUERY_PARAMETERS)), run)
