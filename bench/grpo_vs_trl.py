@@ -267,6 +267,30 @@ def workload_config(args: argparse.Namespace, workload: str, model_dir: str) -> 
     )
 
 
+def prepare_and_gate(args: argparse.Namespace, workloads: list[str], log: Path) -> tuple[dict, dict]:
+    """Model directories (bench.prepare) and the correctness gate's record (bench.gate)."""
+    prepare_args = _flags(
+        model=args.model,
+        seed=args.seed,
+        threads=args.threads,
+        sft_steps=args.sft_steps,
+        sft_examples=args.sft_examples,
+    ) + (["--tool"] if "tool" in workloads else [])
+    _, prepared = run_module("bench.prepare", prepare_args, args.threads, log)
+    if prepared.get("sft"):
+        print(f"tool workload checkpoint (SFT warm-up): {json.dumps(prepared['sft'])}", flush=True)
+    gate_args = _flags(
+        model=prepared["base"],
+        loss_type=args.loss_type,
+        beta=args.beta,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    _, gate = run_module("bench.gate", gate_args, args.threads, log)
+    print(_gate_line(gate), flush=True)
+    return prepared, gate
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -274,37 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = ["single", "tool"] if args.workload == "both" else [args.workload]
     log = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-")) / "workers.log"
     print(f"machine: {json.dumps(machine_info())}\nworker output: {log}", flush=True)
-    prepare_args = [
-        "--model",
-        args.model,
-        "--seed",
-        str(args.seed),
-        "--threads",
-        str(args.threads),
-        "--sft-steps",
-        str(args.sft_steps),
-        "--sft-examples",
-        str(args.sft_examples),
-    ]
-    _, prepared = run_module(
-        "bench.prepare", prepare_args + (["--tool"] if "tool" in workloads else []), args.threads, log
-    )
-    if prepared.get("sft"):
-        print(f"tool workload checkpoint (SFT warm-up): {json.dumps(prepared['sft'])}", flush=True)
-    gate_args = [
-        "--model",
-        prepared["base"],
-        "--loss-type",
-        args.loss_type,
-        "--beta",
-        str(args.beta),
-        "--temperature",
-        str(args.temperature),
-        "--seed",
-        str(args.seed),
-    ]
-    _, gate = run_module("bench.gate", gate_args, args.threads, log)
-    print(_gate_line(gate), flush=True)
+    prepared, gate = prepare_and_gate(args, workloads, log)
     results: dict[str, Any] = {
         "command": sys.argv,
         "machine": machine_info(),
@@ -320,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarise(pair)
         _check_threads(pair, cfg.threads)
         print(table(summary, with_ratios=gate["passed"]), flush=True)
+        if not gate["passed"]:  # no ratio leaves this process without a passing gate
+            summary = {
+                key: {s: v for s, v in cells.items() if s != "ratio"} for key, cells in summary.items()
+            }
         results["workloads"][workload] = {
             "config": json.loads(cfg.to_json()),
             "runs": pair,
@@ -333,12 +331,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if gate["passed"] else 1
 
 
+def _flags(**options: Any) -> list[str]:
+    """`--name value` pairs for a child module (underscores in names become dashes)."""
+    out: list[str] = []
+    for name, value in options.items():
+        out += [f"--{name.replace('_', '-')}", str(value)]
+    return out
+
+
 def _gate_line(gate: dict[str, Any]) -> str:
     verdict = "PASS" if gate["passed"] else "FAIL"
     return (
         f"correctness gate {verdict}: TRL loss_type={gate['loss_type']} vs ponder {gate['aggregation']}, "
-        f"loss rel diff {gate['loss_rel']:.1e}, grad rel diff max {gate['grad_rel_max']:.1e} "
-        f"over {gate['tensors']} adapter tensors (tolerance {gate['tolerance']:g})"
+        f"loss rel diff {gate['loss_rel']:.1e}, gradient rel diff {gate['grad_rel_global']:.1e} "
+        f"(largest per tensor {gate['grad_rel_max']:.1e} over {gate['tensors']} adapter tensors), "
+        f"tolerance {gate['tolerance']:g}"
     )
 
 
