@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
 from bench.common import LOSS_TYPES, BenchConfig, machine_info, median_spread, paired_ratios, parse_record  # noqa: E402
 
 DEFAULT_MAX_NEW = {"single": 64, "tool": 128}
+MIN_MEASURED_STEPS = 5  # issue 4: at least five measured steps per system for a reported result
 SYSTEMS = ("ponder", "trl")
 ROWS = [  # (label, key); per-step values, derived ones added by `derived`
     ("step time (s)", "step_s"),
@@ -298,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     workloads = ["single", "tool"] if args.workload == "both" else [args.workload]
     log = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-")) / "workers.log"
     print(f"machine: {json.dumps(machine_info())}\nworker output: {log}", flush=True)
+    if args.steps < MIN_MEASURED_STEPS:
+        print(
+            f"note: {args.steps} measured steps (< {MIN_MEASURED_STEPS}): a validation run, not a result",
+            flush=True,
+        )
     prepared, gate = prepare_and_gate(args, workloads, log)
     results: dict[str, Any] = {
         "command": sys.argv,
