@@ -178,14 +178,7 @@ class ToolUseEnv:
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
         outcome = run_tool_step(action, self.parser, self.registry)
         parse = outcome.parse
-        turn = Turn(
-            index=self.turn_index,
-            action=action,
-            tool_calls=list(parse.calls),
-            tool_results=list(outcome.results),
-            answer=parse.answer,
-            error=parse.error,
-        )
+        turn = outcome.turn(self.turn_index, action)
         self.turn_index += 1
         if not parse.calls:
             return (

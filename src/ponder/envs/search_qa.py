@@ -15,7 +15,7 @@ from ponder.tools import Tool, ToolRegistry, run_tool_step
 from ponder.tools.parsers import SearchR1Parser
 from ponder.tools.builtin import make_corpus_search_tool
 from ponder.tools.retrieval import Retriever
-from ponder.types import Task, Turn
+from ponder.types import Task
 
 INSTRUCTIONS = (
     "Answer the question. Think in <think></think>. To look a fact up, write "
@@ -72,14 +72,7 @@ class SearchQAEnv:
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
         outcome = run_tool_step(action, self.parser, self.registry, self.tool_timeout_s, self.truncate)
         parse = outcome.parse
-        turn = Turn(
-            index=self.turn_index,
-            action=action,
-            tool_calls=list(parse.calls),
-            tool_results=list(outcome.results),
-            answer=parse.answer,
-            error=parse.error,
-        )
+        turn = outcome.turn(self.turn_index, action)
         self.turn_index += 1
         self.invalid_actions += parse.error is not None
         if parse.answer is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ponder.tools.parsers import ParseResult, Parser
 from ponder.tools.registry import ToolRegistry
-from ponder.types import ToolResult
+from ponder.types import ToolResult, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,18 @@ class StepOutcome:
     parse: ParseResult
     results: list[ToolResult]
     observation: str | None
+
+    def turn(self, index: int, action: str) -> Turn:
+        """The Turn record of this step (its observation is set by the caller)."""
+        parse = self.parse
+        return Turn(
+            index=index,
+            action=action,
+            tool_calls=list(parse.calls),
+            tool_results=list(self.results),
+            answer=parse.answer,
+            error=parse.error,
+        )
 
 
 def run_tool_step(
