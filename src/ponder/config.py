@@ -220,6 +220,8 @@ class AlgoConfig:
     loss: `ppo` (clipped surrogate) or `vanilla` (policy gradient).
     aggregation: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
     norm_by_std: GRPO/turn std normalisation (False = Dr. GRPO).
+    std_scope: `group` (GRPO: each group's std) or `batch` (one std over the batch's
+        group-centred rewards; keeps how much a group's rewards differ).
     gamma / lam: discount and GAE lambda (gamma also discounts turns for `turn`).
     clip_low / clip_high: PPO ratio clip below/above 1 (clip-higher: 0.28 above).
     norm_constant: divisor for `seq_mean_token_sum_norm` (e.g. max response tokens).
@@ -236,6 +238,7 @@ class AlgoConfig:
     loss: str = "ppo"
     aggregation: str = "token_mean"
     norm_by_std: bool = True
+    std_scope: str = "group"
     gamma: float = 1.0
     lam: float = 1.0
     clip_low: float = 0.2

@@ -246,6 +246,33 @@ def test_group_normalize_per_column_counts_only_valid_rows():
     torch.testing.assert_close(out, T([[-1.0, -1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64))
 
 
+def test_group_normalize_batch_std_keeps_the_size_of_each_groups_differences():
+    # group 0 rewards [0, 1] (one answered), group 1 [1.0, 1.1] (a search cost apart)
+    values = T([[0.0], [1.0], [1.0], [1.1]])
+    valid = torch.ones(4, 1, dtype=torch.bool)
+    groups = T([0, 0, 1, 1])
+    # centred: ±0.5 and ±0.05; batch std (n−1) = sqrt((2·0.25 + 2·0.0025) / 3) = 0.410284
+    out = group_normalize(values, valid, groups, norm_by_std=True, eps=0.0, std_scope="batch")
+    a, b = 0.5 / 0.4102844, 0.05 / 0.4102844
+    torch.testing.assert_close(out, T([[-a], [a], [-b], [b]], dtype=torch.float64))
+    # the group std instead gives both groups the same ±0.7071
+    by_group = group_normalize(values, valid, groups, norm_by_std=True, eps=0.0, std_scope="group")
+    torch.testing.assert_close(by_group.abs(), torch.full((4, 1), 2 ** -0.5, dtype=torch.float64))
+
+
+def test_batch_std_scores_are_invariant_to_reward_shift_and_scale():
+    values = T([[0.0], [1.0], [0.3], [1.0], [1.1], [0.2]])
+    valid = torch.ones(6, 1, dtype=torch.bool)
+    groups = T([0, 0, 0, 1, 1, 1])
+    base = group_normalize(values, valid, groups, True, 0.0, "batch")
+    torch.testing.assert_close(group_normalize(3.0 * values - 7.0, valid, groups, True, 0.0, "batch"), base)
+
+
+def test_unknown_std_scope_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="group, batch"):
+        group_normalize(T([[0.0], [1.0]]), torch.ones(2, 1, dtype=torch.bool), T([0, 0]), True, 0.0, "global")
+
+
 # --- invariances shared by the estimators -----------------------------------------
 
 

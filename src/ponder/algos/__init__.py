@@ -6,6 +6,7 @@ aggregations up by the names in their config and never branch on them.
 
 from ponder.algos.advantages import (
     ADVANTAGES,
+    STD_SCOPES,
     AdvantageConfig,
     AdvantageInput,
     compute_advantages,
@@ -37,6 +38,7 @@ from ponder.algos.registry import Registry
 from ponder.algos.utils import masked_mean, masked_sum, masked_var, masked_whiten
 
 __all__ = [
+    "STD_SCOPES",
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",

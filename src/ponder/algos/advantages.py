@@ -60,7 +60,12 @@ class AdvantageInput:
 class AdvantageConfig:
     """Settings of the advantage estimators.
 
-    norm_by_std: grpo and turn divide by the group's std; False = Dr. GRPO (centre only).
+    norm_by_std: grpo and turn divide by a std; False = Dr. GRPO (centre only).
+    std_scope: which std: `group` (each group's own, GRPO) or `batch` (one std of the
+        group-centred rewards over the whole batch, TRL's scale_rewards="batch"). The
+        batch std keeps the size of a group's reward differences: a group whose samples
+        differ only by a 0.1 search cost gets a 10× smaller advantage than one where some
+        samples answered right, instead of the same ±1.
     eps: added to the std before dividing.
     gamma: discount; per token for gae, per turn for turn. Outcome estimators ignore it.
     lam: GAE's λ (1 = Monte-Carlo return minus value, 0 = one-step TD error).
@@ -70,6 +75,7 @@ class AdvantageConfig:
     """
 
     norm_by_std: bool = True
+    std_scope: str = "group"
     eps: float = 1e-6
     gamma: float = 1.0
     lam: float = 1.0
@@ -110,21 +116,39 @@ def group_stats(values: torch.Tensor, valid: torch.Tensor, groups: torch.Tensor)
     return {"count": count, "mean": mean, "std": std, "spread": spread}
 
 
+STD_SCOPES = ("group", "batch")
+
+
 def group_normalize(
-    values: torch.Tensor, valid: torch.Tensor, groups: torch.Tensor, norm_by_std: bool, eps: float
+    values: torch.Tensor, valid: torch.Tensor, groups: torch.Tensor, norm_by_std: bool, eps: float,
+    std_scope: str = "group",
 ) -> torch.Tensor:
     """GRPO's group-relative score, column by column.
 
     values, valid: [B, K] (valid bool); groups: [B] long. out[b, k] = (v − mean) / (std + eps)
-    (or v − mean without norm_by_std), mean/std over the rows of b's group valid at k.
-    0 where invalid, where fewer than 2 rows of the group are valid at k, or where they
-    are all equal. float64 [B, K].
+    (or v − mean without norm_by_std), mean over the rows of b's group valid at k; std
+    over the same rows (std_scope `group`) or, for `batch`, the unbiased std of the
+    centred values of every row valid at k whose group has ≥ 2 such rows. 0 where
+    invalid, where fewer than 2 rows of the group are valid at k, or where they are all
+    equal. float64 [B, K].
     """
+    if std_scope not in STD_SCOPES:
+        raise ValueError(f"unknown std_scope {std_scope!r}; valid: {', '.join(STD_SCOPES)}")
     stats = {name: s[groups] for name, s in group_stats(values, valid, groups).items()}
     centered = values.double() - stats["mean"]
-    score = centered / (stats["std"] + eps) if norm_by_std else centered
     keep = valid & (stats["count"] >= 2) & (stats["spread"] > 0)
-    return torch.where(keep, score, 0.0)
+    if not norm_by_std:
+        return torch.where(keep, centered, 0.0)
+    std = stats["std"] if std_scope == "group" else _column_std(centered, valid & (stats["count"] >= 2))
+    return torch.where(keep, centered / (std + eps), 0.0)
+
+
+def _column_std(centered: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[1, K]: unbiased std of the already group-centred values over `rows`, per column
+    (the group means are not subtracted again: the mean of centred values is 0)."""
+    n = rows.sum(0, keepdim=True).double()
+    total = torch.where(rows, centered.square(), 0.0).sum(0, keepdim=True)
+    return (total / (n - 1).clamp(min=1)).sqrt()
 
 
 def discounted_turn_returns(
@@ -280,7 +304,7 @@ def grpo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     rewards = _episode_rewards(inp)
     valid = torch.isfinite(rewards)[:, None]
     groups = group_index(inp.group_ids).to(rewards.device)
-    advantages = group_normalize(rewards[:, None], valid, groups, cfg.norm_by_std, cfg.eps)[:, 0]
+    advantages = group_normalize(rewards[:, None], valid, groups, cfg.norm_by_std, cfg.eps, cfg.std_scope)[:, 0]
     return _broadcast(advantages, inp), _broadcast(rewards, inp)
 
 
@@ -337,7 +361,7 @@ def turn_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     valid = inp.turn_mask.bool()
     returns = discounted_turn_returns(turn_rewards, valid, cfg.gamma)
     groups = group_index(inp.group_ids).to(returns.device)
-    advantages = group_normalize(returns, valid, groups, cfg.norm_by_std, cfg.eps)
+    advantages = group_normalize(returns, valid, groups, cfg.norm_by_std, cfg.eps, cfg.std_scope)
     dtype = _out_dtype(inp)
     return (_turns_to_tokens(advantages, inp.turn_ids, inp.loss_mask).to(dtype),
             _turns_to_tokens(returns, inp.turn_ids, inp.loss_mask).to(dtype))

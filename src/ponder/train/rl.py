@@ -21,6 +21,7 @@ from ponder.algos import (
     AGGREGATIONS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    STD_SCOPES,
     AdaptiveKLController,
     AdvantageConfig,
     AdvantageInput,
@@ -146,7 +147,7 @@ class RLTrainer:
             batch.rewards, batch.loss_mask, batch.group_ids, batch.turn_ids, batch.turn_rewards,
             batch.turn_mask, batch.old_values, token_rewards,
         )  # fmt: skip
-        advantage_config = AdvantageConfig(algo.norm_by_std, gamma=algo.gamma, lam=algo.lam)
+        advantage_config = AdvantageConfig(algo.norm_by_std, algo.std_scope, gamma=algo.gamma, lam=algo.lam)
         advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
         tick = time.perf_counter()
@@ -245,7 +246,7 @@ class RLTrainer:
 
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
-    KL or SFT behaviour, and for an SFT oracle_fraction outside [0, 1]."""
+    KL, std scope or SFT behaviour, and for an SFT oracle_fraction outside [0, 1]."""
     if recipe.sft.behaviour not in BEHAVIOURS:
         raise ValueError(f"sft.behaviour: unknown '{recipe.sft.behaviour}'; valid: {', '.join(BEHAVIOURS)}")
     if not 0.0 <= recipe.sft.oracle_fraction <= 1.0:
@@ -254,6 +255,8 @@ def check_recipe(recipe: Recipe) -> None:
     POLICY_LOSSES.get(recipe.algo.loss)
     AGGREGATIONS.get(recipe.algo.aggregation)
     KL_ESTIMATORS.get(recipe.algo.kl_estimator)
+    if recipe.algo.std_scope not in STD_SCOPES:
+        raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
 
 
 def _seed_everything(seed: int) -> None:
