@@ -1,0 +1,101 @@
+"""Preference losses (DPO and relatives) and the EWC penalty, as pure tensor functions.
+
+Preference losses are registered with one signature:
+
+    loss_fn(margin, beta, label_smoothing) -> losses [B]
+
+where `margin` [B] = (log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l)),
+the difference of the chosen and rejected log-ratios (reference terms are 0 when
+reference-free). `dpo_loss` builds the margin from sequence log-probabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ponder.algos.registry import Registry
+from ponder.algos.utils import masked_mean, masked_sum
+
+PreferenceLoss = Callable[[torch.Tensor, float, float], torch.Tensor]
+PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss")
+
+
+@PREFERENCE_LOSSES.register("sigmoid")
+def sigmoid_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """DPO: −log σ(β·m), with conservative label smoothing ε (Mitchell 2023):
+    (1 − ε)·(−log σ(β·m)) + ε·(−log σ(−β·m)). margin [B] -> [B]."""
+    return -F.logsigmoid(beta * margin) * (1 - label_smoothing) - F.logsigmoid(-beta * margin) * label_smoothing
+
+
+@PREFERENCE_LOSSES.register("hinge")
+def hinge_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """SLiC hinge: max(0, 1 − β·m). Label smoothing does not apply. margin [B] -> [B]."""
+    return torch.relu(1 - beta * margin)
+
+
+@PREFERENCE_LOSSES.register("ipo")
+def ipo_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """IPO (Azar 2023): (m − 1/(2β))², with β as τ; use token-mean log-probs. [B] -> [B]."""
+    return (margin - 1 / (2 * beta)) ** 2
+
+
+@dataclass
+class PreferenceLossConfig:
+    """loss: a name in PREFERENCE_LOSSES; beta; label_smoothing; reference_free."""
+
+    loss: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    reference_free: bool = False
+
+
+def sequence_logprobs(token_logprobs: torch.Tensor, loss_mask: torch.Tensor, average: bool = False) -> torch.Tensor:
+    """Per-sequence log-probability: sum (or mean, `average`) of token_logprobs [B, T]
+    over loss_mask [B, T] (1 = a response token). -> [B]."""
+    return masked_mean(token_logprobs, loss_mask, dim=-1) if average else masked_sum(token_logprobs, loss_mask, dim=-1)
+
+
+def dpo_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor | None,
+    ref_rejected: torch.Tensor | None,
+    cfg: PreferenceLossConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(losses [B], stats) from sequence log-probs [B] of the policy and the reference.
+
+    stats: chosen_reward / rejected_reward = β·(log π − log π_ref) per side [B]
+    (detached), and accuracy = chosen_reward > rejected_reward. With
+    cfg.reference_free (or no reference given) the reference terms are 0.
+    """
+    if cfg.reference_free or ref_chosen is None or ref_rejected is None:
+        ref_chosen, ref_rejected = torch.zeros_like(chosen), torch.zeros_like(rejected)
+    chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
+    losses = PREFERENCE_LOSSES.get(cfg.loss)(chosen_ratio - rejected_ratio, cfg.beta, cfg.label_smoothing)
+    chosen_reward = cfg.beta * chosen_ratio.detach()
+    rejected_reward = cfg.beta * rejected_ratio.detach()
+    stats = {
+        "chosen_reward": chosen_reward,
+        "rejected_reward": rejected_reward,
+        "accuracy": (chosen_reward > rejected_reward).float(),
+    }
+    return losses, stats
+
+
+def ewc_penalty(
+    params: dict[str, torch.Tensor], anchors: dict[str, torch.Tensor], fisher: dict[str, torch.Tensor], weight: float
+) -> torch.Tensor:
+    """EWC (Kirkpatrick 2017): (weight / 2) · Σ_i F_i · (θ_i − θ*_i)² over the named
+    parameters in `anchors` (θ* after the previous task, F its diagonal Fisher, same
+    shapes as the parameters). A scalar with gradient through `params`."""
+    total = None
+    for name, anchor in anchors.items():
+        term = (fisher[name] * (params[name] - anchor) ** 2).sum()
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros(())
+    return 0.5 * weight * total
