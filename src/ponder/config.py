@@ -466,15 +466,18 @@ class DPOConfig:
 class PipelineConfig:
     """The staged pipeline (`ponder pipeline run`).
 
-    stages: in order, from `warmup` (the demonstration warm-up, section `sft`),
-        `sft` (section `sft_trainer`), `dpo` or `rl` (section `train`/`algo`),
-        `eval`; an `eval` stage evaluates the policy the previous stages left.
+    stages: in order, from `warmup` (demonstrations of section `sft`, trained
+        like `sft`), `sft` (section `sft_trainer`), `dpo` or `rl` (sections
+        `train`/`algo`), `eval` (writes the per-stage table). Each training stage
+        merges the previous stages' adapters into the base and trains fresh ones.
     eval_before: evaluate the untrained policy first (the table's baseline row).
+    eval_each: evaluate on held-out tasks after every training stage.
     out: run directory; each stage writes out/NN-stage/ and a `done.json` marker.
     """
 
     stages: list = field(default_factory=lambda: ["sft", "dpo", "eval"])
     eval_before: bool = True
+    eval_each: bool = True
     out: str = "runs/pipeline"
 
 
