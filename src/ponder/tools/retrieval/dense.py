@@ -67,6 +67,21 @@ class DenseRetriever:
         self._index = faiss.IndexFlatIP(embeddings.shape[1])
         self._index.add(embeddings)
 
+    @classmethod
+    def from_embeddings(
+        cls, docs: list[Document], embeddings: np.ndarray, model: SentenceTransformer, batch_size: int = 64
+    ) -> DenseRetriever:
+        """A retriever over embeddings computed earlier (a saved index) by `model`."""
+        import faiss
+
+        if len(docs) != embeddings.shape[0]:
+            raise ValueError(f"{len(docs)} documents but {embeddings.shape[0]} embeddings")
+        retriever = cls.__new__(cls)
+        retriever.docs, retriever.model, retriever.batch_size = list(docs), model, batch_size
+        retriever._index = faiss.IndexFlatIP(embeddings.shape[1])
+        retriever._index.add(np.ascontiguousarray(embeddings, dtype=np.float32))
+        return retriever
+
     def _encode(self, texts: list[str]) -> np.ndarray:
         # Unit-length vectors make the inner product the cosine similarity; faiss wants
         # contiguous float32.
