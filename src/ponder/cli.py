@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ponder.agent.cli import register as register_agent_commands
 
     register_agent_commands(commands)  # `chat` and `run-agent`
+    from ponder.eval.tools_cli import register as register_tool_commands
+
+    register_tool_commands(commands)  # `tools` and `bench-agent`
     return parser
 
 

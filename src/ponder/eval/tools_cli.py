@@ -1,0 +1,130 @@
+"""`ponder tools train|eval|index|search` and `ponder bench-agent`: wiring only.
+
+Registered by `ponder.cli.build_parser`; the logic lives in eval/tool_retrieval.py,
+tools/retrieval/ and eval/bench_agent.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ENCODER_DIR = "runs/tools/encoder"
+
+
+def _data(args: argparse.Namespace) -> Any:
+    from ponder.eval.bfcl.data import find_data_dir
+    from ponder.eval.tool_retrieval import prepare_data
+
+    data = prepare_data(find_data_dir(args.bfcl_venv), args.test_fraction, args.split_seed)
+    print(data.describe(), file=sys.stderr)
+    return data
+
+
+def cmd_tools_train(args: argparse.Namespace) -> int:
+    from ponder.tools.retrieval.finetune import ContrastiveConfig, save_encoder, train_encoder
+    from ponder.eval.tool_retrieval import training_examples
+
+    config = ContrastiveConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
+                               hard_negatives=args.hard_negatives, max_steps=args.max_steps, seed=args.seed)
+    data = _data(args)
+    examples = training_examples(data, config)
+    print(f"ponder tools train: {len(examples)} examples, {config.hard_negatives} hard negative(s) each", file=sys.stderr)
+
+    def on_step(step: int, total: int, loss: float) -> None:
+        if step == 1 or step % 10 == 0 or step == total:
+            print(f"step {step}/{total} loss {loss:.4f}", file=sys.stderr, flush=True)
+
+    model, result = train_encoder(examples, config, on_step=on_step)
+    extra = {"split": {"test_fraction": data.test_fraction, "seed": data.seed, "train_queries": len(data.train)}}
+    out = save_encoder(model, args.out, result, config, extra)
+    first, last = result.losses[0], sum(result.losses[-5:]) / len(result.losses[-5:])
+    print(f"ponder tools train: {result.steps} steps in {result.seconds:.0f} s, loss {first:.3f} → {last:.3f}; saved {out}")
+    return 0
+
+
+def cmd_tools_eval(args: argparse.Namespace) -> int:
+    from ponder.eval.tool_retrieval import evaluate_retrievers, retrieval_markdown
+    from ponder.tools.retrieval.toolindex import load_tool_encoder
+
+    data = _data(args)
+    tuned = None
+    if args.encoder and Path(args.encoder).exists():
+        tuned = load_tool_encoder(args.encoder)
+    elif args.encoder != DEFAULT_ENCODER_DIR:
+        raise ValueError(f"{args.encoder}: no fine-tuned encoder there; train one with `ponder tools train`")
+    rows = evaluate_retrievers(data, tuned, say=lambda line: print(line, file=sys.stderr))
+    print(retrieval_markdown(rows))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"data": data.describe(), "rows": rows}, indent=2))
+    return 0
+
+
+def cmd_tools_index(args: argparse.Namespace) -> int:
+    from ponder.eval.bfcl.data import find_data_dir, load_tool_corpus
+    from ponder.tools.retrieval.toolindex import ToolIndex
+
+    corpus = load_tool_corpus(find_data_dir(args.bfcl_venv))
+    print(corpus.summary(), file=sys.stderr)
+    index = ToolIndex(corpus.specs, kind=args.kind, encoder=args.encoder)
+    print(f"ponder tools index: {args.kind} index of {len(corpus.specs)} tools written to {index.save(args.out)}")
+    return 0
+
+
+def cmd_tools_search(args: argparse.Namespace) -> int:
+    from ponder.tools.retrieval.toolindex import ToolIndex
+
+    index = ToolIndex.load(args.index, encoder=args.encoder)
+    hits = index.search([args.query], args.topk)[0]
+    for note in index.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for rank, hit in enumerate(hits, start=1):
+        print(f"{rank:2d}. {hit.spec.name}  ({hit.score:.4f})  {hit.spec.description[:100]}")
+    return 0
+
+
+def _split_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bfcl-venv", default=".venv-bfcl", help="virtual env holding bfcl-eval (make bfcl-venv)")
+    parser.add_argument("--test-fraction", type=float, default=0.3, help="share of tool names held out (default 0.3)")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the split by function (default 0)")
+
+
+def register(commands: Any) -> None:
+    """Add `tools` (train, eval, index, search) and `bench-agent` to the CLI."""
+    tools = commands.add_parser("tools", help="tool retrieval over the BFCL tool catalogue")
+    sub = tools.add_subparsers(dest="tools_command", metavar="ACTION", required=True)
+
+    train = sub.add_parser("train", help="contrastive fine-tuning of the dense tool encoder")
+    _split_options(train)
+    train.add_argument("--out", default=DEFAULT_ENCODER_DIR, help=f"encoder directory (default {DEFAULT_ENCODER_DIR})")
+    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--batch-size", type=int, default=32)
+    train.add_argument("--lr", type=float, default=5e-5)
+    train.add_argument("--hard-negatives", type=int, default=1, help="mined negatives per example (0: in-batch only)")
+    train.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: no limit)")
+    train.add_argument("--seed", type=int, default=0)
+    train.set_defaults(handler=cmd_tools_train)
+
+    evaluate = sub.add_parser("eval", help="recall@1/5/10, MRR, nDCG@10: BM25, base, fine-tuned, hybrid")
+    _split_options(evaluate)
+    evaluate.add_argument("--encoder", default=DEFAULT_ENCODER_DIR, help="fine-tuned encoder directory")
+    evaluate.add_argument("--out", help="also write the rows as JSON here")
+    evaluate.set_defaults(handler=cmd_tools_eval)
+
+    index = sub.add_parser("index", help="build a searchable index of every BFCL tool")
+    index.add_argument("--bfcl-venv", default=".venv-bfcl")
+    index.add_argument("--kind", default="hybrid", choices=["bm25", "dense", "hybrid"])
+    index.add_argument("--encoder", help="encoder directory (default: the packaged all-MiniLM-L6-v2)")
+    index.add_argument("--out", default="runs/tools/index", help="index directory (default runs/tools/index)")
+    index.set_defaults(handler=cmd_tools_index)
+
+    search = sub.add_parser("search", help="query an index built by `ponder tools index`")
+    search.add_argument("query")
+    search.add_argument("--index", default="runs/tools/index")
+    search.add_argument("--encoder", help="encoder to embed the query with (default: the one the index names)")
+    search.add_argument("--topk", type=int, default=5)
+    search.set_defaults(handler=cmd_tools_search)
