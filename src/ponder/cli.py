@@ -145,6 +145,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pipeline(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ponder.config import PipelineRecipe, load_recipe
+    from ponder.train.pipeline import run_pipeline, stage_table_markdown
+
+    recipe = load_recipe(args.recipe, args.overrides, cls=PipelineRecipe)
+    out = Path(args.out or recipe.pipeline.out)
+    console = Console(stderr=True)
+    stages = run_pipeline(recipe, out, say=console.print)
+    print(stage_table_markdown(stages), end="")
+    console.print(f"wrote {out / 'results.json'} and one directory per stage in {out}")
+    return 0
+
+
+def _add_pipeline_command(commands: Any) -> None:
+    """`pipeline run RECIPE`."""
+    pipeline = commands.add_parser("pipeline", help="staged training: warmup, SFT, DPO or RL, evaluation")
+    actions = pipeline.add_subparsers(dest="action", metavar="ACTION", required=True)
+    run = actions.add_parser("run", help="run (or resume) every stage of a pipeline recipe")
+    run.add_argument("recipe", metavar="RECIPE", help="YAML recipe, e.g. recipes/pipeline_search_qa.yaml")
+    run.add_argument("--out", help="run directory (default: the recipe's pipeline.out)")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    run.set_defaults(handler=cmd_pipeline)
+
+
 def cmd_gain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -218,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=cmd_serve_retriever)
 
     _add_training_commands(commands)
+    _add_pipeline_command(commands)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
     gen.add_argument("--out", required=True, help="output directory")
