@@ -1,0 +1,348 @@
+"""The staged pipeline: warmup → sft → dpo or rl → eval, from one PipelineRecipe.
+
+Each stage writes out/NN-stage/. A training stage starts from the base with the
+finished stages' adapters merged in (applied and merged in order, so "adapters
+disabled" is the previous stage's policy, the reference DPO and RL KL need), trains
+fresh adapters (or every weight when lora.enabled is false), saves them as
+`weights.pt`, then writes `done.json` (its report and, with eval_each, its held-out
+evaluation). On a re-run a stage with `done.json` is skipped (its weights are
+merged in); an interrupted one resumes from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ponder.config import PipelineRecipe, SFTTrainerConfig
+from ponder.data import ChatFormatter, TokenizedExample, load_conversations, load_preferences
+from ponder.data import successful_conversations
+from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
+from ponder.eval.agent_metrics import agent_metrics
+from ponder.fileio import write_text_atomic
+from ponder.models import Policy, apply_lora, load_policy
+from ponder.rewards import format_compliance
+from ponder.rewards.agent import AgentReward
+from ponder.tools.retrieval import build_retriever
+from ponder.train.checkpoint import trainable_state
+from ponder.train.continual import EWCState, ReservoirBuffer
+from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, trajectory_example, with_group_size
+from ponder.train.selection import select_coreset
+from ponder.train.sft import build_demonstrations
+from ponder.train.sft_trainer import SFTInputs, SFTTrainer
+from ponder.types import ToolSpec
+
+STAGES = ("warmup", "sft", "dpo", "rl", "eval")
+TRAINING_STAGES = ("warmup", "sft", "dpo", "rl")
+DONE = "done.json"
+WEIGHTS = "weights.pt"
+
+
+@dataclass
+class Context:
+    """What every stage reads: the recipe, the data, the retriever, a printer."""
+
+    recipe: PipelineRecipe
+    out: Path
+    say: Callable[[str], None] = print
+    data: Any = None
+    retriever: Any = None
+    stage_results: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.data = load_search_qa(self.recipe.env)
+        self.retriever = build_retriever(self.recipe.retriever.kind, self.data.corpus, self.recipe.retriever.url)
+
+    def agent_reward(self) -> AgentReward:
+        return AgentReward.from_config(self.recipe.agent_reward, format_compliance)
+
+    def factory(self, policy: Policy) -> SearchQAEnvFactory:
+        return SearchQAEnvFactory.from_recipe(self.recipe, self.retriever, policy.tokenizer)
+
+
+def check_pipeline(recipe: PipelineRecipe) -> None:
+    """Fail on a bad stage list or name before any model loads."""
+    from ponder.algos.dpo import PREFERENCE_LOSSES
+    from ponder.data.format import STYLES
+    from ponder.train.rl import check_recipe
+    from ponder.train.selection import STRATEGIES
+
+    stages = recipe.pipeline.stages
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages:
+        raise ValueError(f"pipeline.stages: unknown {unknown or 'empty list'}; valid: {', '.join(STAGES)}")
+    if "dpo" in stages and "rl" in stages:
+        raise ValueError("pipeline.stages: choose `dpo` or `rl`, not both")
+    if len(set(stages)) != len(stages):
+        raise ValueError(f"pipeline.stages: a stage is listed twice in {stages}")
+    PREFERENCE_LOSSES.get(recipe.dpo.loss)
+    if recipe.data.tool_style not in STYLES:
+        raise ValueError(f"data.tool_style: unknown '{recipe.data.tool_style}'; valid: {', '.join(STYLES)}")
+    if recipe.selection.strategy not in STRATEGIES:
+        raise ValueError(f"selection.strategy: unknown '{recipe.selection.strategy}'; valid: {', '.join(STRATEGIES)}")
+    check_recipe(recipe)
+
+
+def stage_plan(recipe: PipelineRecipe) -> list[tuple[str, str]]:
+    """(stage, directory name) in run order; the base evaluation comes first."""
+    names = (["eval-base"] if recipe.pipeline.eval_before else []) + list(recipe.pipeline.stages)
+    return [(name, f"{index:02d}-{name}") for index, name in enumerate(names)]
+
+
+def run_pipeline(recipe: PipelineRecipe, out: str | Path, say: Callable[[str], None] = print) -> list[tuple[str, dict]]:
+    """Run (or resume) every stage; returns [(stage, its evaluation metrics)]."""
+    check_pipeline(recipe)
+    ctx = Context(recipe, Path(out), say)
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    policy = load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
+    for name, dirname in stage_plan(recipe):
+        stage_dir = ctx.out / dirname
+        done = stage_dir / DONE
+        if done.is_file():
+            say(f"stage {dirname}: done, skipped")
+            report = json.loads(done.read_text())
+            if name in TRAINING_STAGES:
+                policy = merge_stage(policy, stage_dir, recipe)
+        else:
+            say(f"stage {dirname}: running")
+            tick = time.perf_counter()
+            policy, report = _run_stage(name, ctx, policy, stage_dir)
+            report["wall_s"] = time.perf_counter() - tick
+            write_text_atomic(done, json.dumps(report, indent=2, sort_keys=True, default=float) + "\n")
+        if "eval" in report:
+            ctx.stage_results.append((name.replace("eval-", ""), report["eval"]))
+    return ctx.stage_results
+
+
+def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tuple[Policy, dict[str, Any]]:
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    if name == "eval-base":
+        return policy, {"eval": evaluate_stage(ctx, policy, stage_dir)}
+    if name == "eval":
+        table = stage_table_markdown(ctx.stage_results)
+        write_text_atomic(stage_dir / "table.md", table)
+        write_text_atomic(ctx.out / "results.json", json.dumps(ctx.stage_results, indent=2, default=float) + "\n")
+        return policy, {"table": table}
+    torch.manual_seed(ctx.recipe.train.seed)  # the same fresh adapters when an interrupted stage restarts
+    trainable = fresh_trainable(policy, ctx.recipe)
+    runner = {"warmup": run_warmup, "sft": run_sft, "dpo": run_dpo, "rl": run_rl}[name]
+    report = runner(ctx, trainable, stage_dir)
+    torch.save(trainable_state(trainable.model), stage_dir / WEIGHTS)
+    merged = merged_policy(trainable, ctx.recipe)
+    if ctx.recipe.pipeline.eval_each:
+        report["eval"] = evaluate_stage(ctx, merged, stage_dir)
+    return merged, report
+
+
+def fresh_trainable(policy: Policy, recipe: PipelineRecipe) -> Policy:
+    """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off."""
+    if recipe.lora.enabled:
+        return apply_lora(policy, recipe.lora)
+    for parameter in policy.model.parameters():
+        parameter.requires_grad_(True)
+    return policy
+
+
+def merged_policy(policy: Policy, recipe: PipelineRecipe) -> Policy:
+    """The adapters folded into the weights (a plain model again), frozen."""
+    model = policy.model.merge_and_unload() if recipe.lora.enabled else policy.model
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    model.eval()
+    return Policy(model=model, tokenizer=policy.tokenizer, name=policy.name, device=policy.device)
+
+
+def merge_stage(policy: Policy, stage_dir: Path, recipe: PipelineRecipe) -> Policy:
+    """Apply a finished stage's saved weights to `policy` and merge them in."""
+    trainable = fresh_trainable(policy, recipe)
+    state = torch.load(stage_dir / WEIGHTS, map_location=policy.device, weights_only=True)
+    missing = set(trainable_state(trainable.model)) - set(state)
+    if missing:
+        raise ValueError(f"{stage_dir / WEIGHTS}: lacks weights {sorted(missing)[:2]} (recipe changed since the run?)")
+    trainable.model.load_state_dict(state, strict=False)
+    return merged_policy(trainable, recipe)
+
+
+def evaluate_stage(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
+    """Held-out evaluation: the recipe's metrics plus the agent metrics; trajectories saved."""
+    from ponder.eval import evaluate, held_out_recipe, save_result
+
+    recipe = held_out_recipe(ctx.recipe)
+    result = evaluate(recipe, policy=policy)
+    save_result(result, recipe, stage_dir / "eval")
+    metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    tasks_by_id = {t.id: t for t in result.tasks}
+    reward = ctx.agent_reward()
+    metrics.update(agent_metrics(result.trajectories, tasks_by_id, reward))
+    # per task, so two stages can be compared pairwise on the same held-out tasks
+    metrics["per_task_agent_reward"] = {t.task_id: reward(t, tasks_by_id[t.task_id])[0] for t in result.trajectories}
+    ctx.say("  eval: " + ", ".join(f"{k}={metrics[k]:.3f}" for k in ("success", "agent_reward", "reward")))
+    return metrics
+
+
+def _train_tasks(ctx: Context, count: int, seed: int) -> list:
+    from ponder.train.sampler import TaskSampler
+
+    return TaskSampler(ctx.data.train, seed, stratify=True).next_batch(min(count, len(ctx.data.train)))
+
+
+def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
+    """The demonstration warm-up (section `sft`) with the SFT trainer's loop."""
+    recipe = ctx.recipe
+    kinds = set(recipe.sft.task_kinds)
+    tasks = [t for t in ctx.data.train if not kinds or t.kind in kinds][: recipe.sft.examples]
+    demos = build_demonstrations(tasks, recipe.sft.behaviour, ctx.retriever, policy, recipe, recipe.sft.oracle_fraction)
+    examples = [trajectory_example(t) for t in demos]
+    torch.save(examples, stage_dir / "examples.pt")  # a later stage's replay buffer / EWC data
+    cfg = SFTTrainerConfig(
+        steps=recipe.sft.steps, batch_size=recipe.sft.batch_size, micro_batch_size=recipe.algo.micro_batch_size,
+        lr=recipe.sft.lr, warmup_steps=recipe.sft.warmup_steps, schedule="constant", save_every=recipe.sft_trainer.save_every,
+    )  # fmt: skip
+    trainer = SFTTrainer(policy, SFTInputs(examples), cfg, stage_dir, recipe.train.seed)
+    start = trainer.resume()
+    history = trainer.train()
+    return {"demonstrations": len(examples), "of_tasks": len(tasks), "resumed_from": start, "last": _last(history)}
+
+
+def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExample], dict[str, Any]]:
+    """The SFT stage's conversations and tokenised examples, with what was skipped."""
+    recipe = ctx.recipe
+    if recipe.data.sft_path:
+        conversations, load = load_conversations(recipe.data.sft_path, recipe.data.max_examples)
+        report: dict[str, Any] = {"source": recipe.data.sft_path, "load": load.to_dict()}
+    else:
+        tasks = _train_tasks(ctx, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
+        demos = build_demonstrations(tasks, "oracle", ctx.retriever, policy, recipe)
+        tools = [ToolSpec("search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}})]
+        conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, tools)
+        report = {"source": "oracle demonstrations", "load": {"read": len(tasks), "kept": len(conversations)}}
+    formatter = ChatFormatter(policy.tokenizer, recipe.data.tool_style)
+    limit = recipe.rollout.sampling.max_total_tokens
+    kept_conversations, examples, too_long = [], [], 0
+    for conversation in conversations:
+        example = formatter(conversation)
+        if len(example.input_ids) > limit or not any(example.loss_mask):
+            too_long += 1
+            continue
+        kept_conversations.append(conversation)
+        examples.append(example)
+    report["skipped_too_long_or_empty"] = too_long
+    if not examples:
+        raise ValueError(f"sft: no example fits rollout.sampling.max_total_tokens={limit}")
+    return kept_conversations, examples, report
+
+
+def run_sft(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
+    """Conversational SFT: load/convert → hold out eval → coreset → (replay, EWC) → train."""
+    recipe = ctx.recipe
+    conversations, examples, report = sft_examples(ctx, policy)
+    order = list(range(len(examples)))
+    random.Random(recipe.train.seed).shuffle(order)
+    n_eval = int(round(recipe.data.eval_fraction * len(order))) if len(order) > 1 else 0
+    eval_rows, train_rows = order[:n_eval], order[n_eval:]
+    kept, report["selection"] = select_coreset(
+        policy, [conversations[i] for i in train_rows], [examples[i] for i in train_rows], recipe.selection, recipe.train.seed
+    )  # fmt: skip
+    inputs = SFTInputs(
+        [examples[train_rows[i]] for i in kept], [examples[i] for i in eval_rows], dict(recipe.data.task_weights),
+        replay_ratio=recipe.continual.replay_ratio, pack_tokens=recipe.rollout.sampling.max_total_tokens,
+    )  # fmt: skip
+    inputs.replay, inputs.ewc = _continual(ctx, policy, stage_dir)
+    trainer = SFTTrainer(policy, inputs, recipe.sft_trainer, stage_dir, recipe.train.seed)
+    report["resumed_from"] = trainer.resume()
+    history = trainer.train()
+    report.update({"train_examples": len(inputs.train), "eval_examples": len(inputs.eval), "last": _last(history)})
+    return report
+
+
+def _continual(ctx: Context, policy: Policy, stage_dir: Path) -> tuple[ReservoirBuffer | None, EWCState | None]:
+    """Replay buffer and EWC state over the warm-up's examples, when configured and present."""
+    cfg = ctx.recipe.continual
+    previous = sorted(ctx.out.glob("*-warmup/examples.pt"))
+    if not previous or (cfg.replay_capacity <= 0 and cfg.ewc_lambda <= 0):
+        return None, None
+    examples = torch.load(previous[0], weights_only=False)
+    replay = None
+    if cfg.replay_capacity > 0:
+        replay = ReservoirBuffer(cfg.replay_capacity, ctx.recipe.train.seed)
+        replay.extend(examples)
+    ewc = None
+    if cfg.ewc_lambda > 0:
+        ewc = EWCState(cfg.ewc_lambda)
+        ewc.consolidate(policy, examples[: cfg.fisher_examples])
+    return replay, ewc
+
+
+def run_dpo(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
+    """Preference pairs (file, or sampled and ranked with the agent reward), then DPO."""
+    recipe = ctx.recipe
+    pairs_file = stage_dir / "pairs.pt"
+    if pairs_file.is_file():  # an interrupted stage trains on the pairs it sampled
+        saved = torch.load(pairs_file, weights_only=False)
+        pairs, report = saved["pairs"], saved["report"]
+    else:
+        pairs, report = _preference_pairs(ctx, policy)
+        torch.save({"pairs": pairs, "report": report}, pairs_file)
+    trainer = DPOTrainer(policy, pairs, recipe.dpo, stage_dir, recipe.train.seed)
+    report["resumed_from"] = trainer.resume()
+    report["last"] = _last(trainer.train())
+    return report
+
+
+def _preference_pairs(ctx: Context, policy: Policy) -> tuple[list[PreferenceExample], dict[str, Any]]:
+    recipe = ctx.recipe
+    if recipe.data.preference_path:
+        rows, load = load_preferences(recipe.data.preference_path, recipe.data.max_examples)
+        formatter = ChatFormatter(policy.tokenizer, recipe.data.tool_style)
+        pairs = [_formatted_pair(formatter, row) for row in rows]
+        return pairs, {"source": recipe.data.preference_path, "load": load.to_dict(), "pairs": len(pairs)}
+    from ponder.rollout import HFBackend, RolloutEngine
+
+    rollout = with_group_size(recipe.rollout, recipe.dpo.samples_per_prompt, recipe.dpo.temperature)
+
+    def engine_for(samples: int) -> RolloutEngine:
+        backend = HFBackend(policy, rollout.sampling, seed=recipe.train.seed)
+        return RolloutEngine(backend, ctx.factory(policy), replace(rollout, group_size=samples))
+
+    tasks = _train_tasks(ctx, recipe.dpo.prompts, recipe.train.seed + 2)
+    sampled, report = sample_preferences(policy, tasks, engine_for, ctx.agent_reward(), recipe.dpo)
+    pairs = [PreferenceExample(trajectory_example(best), trajectory_example(worst)) for best, worst in sampled]
+    return pairs, report
+
+
+def _formatted_pair(formatter: ChatFormatter, row: Any) -> PreferenceExample:
+    from ponder.data import Conversation
+
+    def side(messages: list) -> TokenizedExample:
+        return formatter(Conversation(row.prompt + messages, row.tools, row.task_type, row.id))
+
+    return PreferenceExample(side(row.chosen), side(row.rejected))
+
+
+def run_rl(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
+    """The RL trainer (any registered estimator) with the agent reward, resumable."""
+    from ponder.train.rl import RLTrainer
+
+    trainer = RLTrainer(ctx.recipe, stage_dir, policy=policy, reward=ctx.agent_reward())
+    start = trainer.resume()
+    trainer.train()
+    return {"resumed_from": start, "steps": trainer.step}
+
+
+def _last(history: list[dict[str, float]]) -> dict[str, float]:
+    return dict(history[-1]) if history else {}
+
+
+def stage_table_markdown(stages: list[tuple[str, dict[str, Any]]]) -> str:
+    """One row per stage: what each stage bought on the held-out tasks."""
+    from ponder.eval.agent_metrics import STAGE_COLUMNS, stage_table_rows
+
+    header = "| stage | " + " | ".join(STAGE_COLUMNS) + " |"
+    rule = "|" + "---|" * (len(STAGE_COLUMNS) + 1)
+    return "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in stage_table_rows(stages)]) + "\n"
