@@ -4,6 +4,7 @@ same held-out tasks, with the oracle's score as the ceiling."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ def run_demo(
         policy.model.load_state_dict(previous.weights, strict=False)
         results["stages"].update(previous.stages)
         results["sft_from"] = str(sft_from)
+        _copy_evaluations(Path(sft_from), run_dir, previous.stages)
     else:
         held_out("oracle", oracle=True)
         held_out("base")
@@ -80,28 +82,47 @@ def run_demo(
     return results
 
 
+def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> None:
+    """Copy the reused stages' trajectories, so `ponder gain RUN_DIR` pairs them with RL's."""
+    for name in stages:
+        if (source / f"eval-{name}.parquet").is_file():
+            with atomic_path(run_dir / f"eval-{name}.parquet") as tmp:
+                shutil.copyfile(source / f"eval-{name}.parquet", tmp)
+
+
 @dataclass
 class _SFTRun:
     weights: dict[str, torch.Tensor]
     stages: dict[str, Any]
 
 
-# Sections an RL variant may change when it reuses another run's warm-up.
+# Sections an RL variant may change when it reuses another run's warm-up, and single
+# RL-only keys of other sections (evaluation always samples one episode per task).
 RL_SECTIONS = ("algo", "optim", "train")
+RL_KEYS = {"rollout": ("group_size",)}
+
+
+def _warm_up_settings(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe (as a dict) without what only RL reads."""
+    kept = {name: dict(section) for name, section in recipe.items() if name not in RL_SECTIONS}
+    for name, keys in RL_KEYS.items():
+        for key in keys:
+            kept.get(name, {}).pop(key, None)
+    return kept
 
 
 def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     """The SFT weights and pre-RL evaluations of a finished demo run, after checking
-    that its recipe differs from `recipe` only in RL_SECTIONS."""
+    that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)."""
     run_dir = Path(run_dir)
     weights, results = run_dir / "sft" / SFT_WEIGHTS, run_dir / "results.json"
     for path in (weights, results, run_dir / "recipe.yaml"):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished demo run with an SFT stage")
-    theirs = yaml.safe_load((run_dir / "recipe.yaml").read_text())
-    ours = to_dict(recipe)
+    theirs = _warm_up_settings(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
+    ours = _warm_up_settings(to_dict(recipe))
     for section in ours:
-        if section not in RL_SECTIONS and ours[section] != theirs.get(section):
+        if ours[section] != theirs.get(section):
             raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
