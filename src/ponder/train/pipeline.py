@@ -218,10 +218,12 @@ def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExam
         report: dict[str, Any] = {"source": recipe.data.sft_path, "load": load.to_dict()}
     else:
         tasks = _train_tasks(ctx, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
-        demos = build_demonstrations(tasks, "oracle", ctx.retriever, policy, recipe)
+        sft = recipe.sft
+        demos = build_demonstrations(tasks, sft.behaviour, ctx.retriever, policy, recipe, sft.oracle_fraction)
         tools = [ToolSpec("search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}})]
         conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, tools)
-        report = {"source": "oracle demonstrations", "load": {"read": len(tasks), "kept": len(conversations)}}
+        source = f"{sft.behaviour} demonstrations ({sft.oracle_fraction:.0%} oracle)"
+        report = {"source": source, "load": {"read": len(tasks), "kept": len(conversations)}}
     formatter = ChatFormatter(policy.tokenizer, recipe.data.tool_style)
     limit = recipe.rollout.sampling.max_total_tokens
     kept_conversations, examples, too_long = [], [], 0
