@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--replay-capacity", type=int, default=16)
     parser.add_argument("--replay-ratio", type=float, default=0.5)
-    parser.add_argument("--ewc-lambda", type=float, default=50.0)
+    parser.add_argument("--ewc-lambda", type=float, default=100.0)
     parser.add_argument("--fisher-examples", type=int, default=8)
     parser.add_argument("--methods", default="naive,replay,ewc")
     parser.add_argument("--seed", type=int, default=0)
@@ -81,7 +81,8 @@ def run_method(method: str, args: argparse.Namespace, families: list[Family], ou
     tick = time.perf_counter()
     result = train_sequence(policy, families, sft, continual, out / method, args.seed, say=lambda s: print(f"[{method}] {s}", flush=True))
     metrics = forgetting_metrics(result.accuracy, result.baseline)
-    return {"method": method, **metrics, "accuracy": result.accuracy, "token_accuracy": result.token_accuracy,
+    penalty = max((h.get("sft/ewc_penalty", 0.0) for h in result.history), default=0.0)
+    return {"method": method, **metrics, "max_ewc_penalty": penalty, "ewc_lambda": continual.ewc_lambda, "accuracy": result.accuracy, "token_accuracy": result.token_accuracy,
             "baseline": result.baseline, "families": result.families, "wall_s": time.perf_counter() - tick}  # fmt: skip
 
 
