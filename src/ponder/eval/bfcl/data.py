@@ -81,6 +81,10 @@ class BfclQuestion:
     def answer_names(self) -> set[str]:
         return {name for call in self.ground_truth for name in call}
 
+    def answer_names_list(self) -> list[str]:
+        """The names of the expected calls, repeated as often as they are called."""
+        return [name for call in self.ground_truth for name in call]
+
 
 def load_questions(data_dir: Path, category: str) -> list[BfclQuestion]:
     """The questions of a single-turn category with their possible answers (none for irrelevance)."""
@@ -107,6 +111,7 @@ class ToolCorpus:
     read: int
     variants: int
     skipped: Counter = field(default_factory=Counter)
+    definitions: dict[str, dict[str, Any]] = field(default_factory=dict)  # name → BFCL's own definition
 
     def summary(self) -> str:
         skipped = sum(self.skipped.values())
@@ -144,6 +149,7 @@ def load_tool_corpus(data_dir: Path) -> ToolCorpus:
     """
     read, variants, skipped = 0, set(), Counter()
     specs: dict[str, ToolSpec] = {}
+    definitions: dict[str, dict[str, Any]] = {}
     for path in _definition_files(data_dir):
         for definition in _definitions(path):
             read += 1
@@ -153,7 +159,8 @@ def load_tool_corpus(data_dir: Path) -> ToolCorpus:
                 continue
             variants.add((spec.name, json.dumps(definition.get("parameters"), sort_keys=True)))
             specs.setdefault(spec.name, spec)
-    return ToolCorpus(list(specs.values()), read, len(variants), skipped)
+            definitions.setdefault(spec.name, definition)
+    return ToolCorpus(list(specs.values()), read, len(variants), skipped, definitions)
 
 
 def definition_to_spec(definition: Any) -> tuple[ToolSpec | None, str]:
