@@ -60,10 +60,13 @@ def test_demo_writes_every_stage_and_the_sft_weights(first):
 
 def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
     out, results = first
-    recipe = load_recipe(None, TINY + ["optim.lr=0", "optim.weight_decay=0", "algo.advantage=rloo"])
-    again = run_demo(recipe, tmp_path / "rloo", say=lambda _: None, sft_from=out)
+    # group_size is RL-only (evaluation samples one episode per task), so it may differ
+    overrides = ["optim.lr=0", "optim.weight_decay=0", "algo.advantage=rloo", "rollout.group_size=3"]
+    again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "rloo", say=lambda _: None, sft_from=out)
     for stage in ("oracle", "base", "sft"):  # compared as JSON text: NaN standard errors are equal there
         assert json.dumps(again["stages"][stage], sort_keys=True) == json.dumps(results["stages"][stage], sort_keys=True)
+        # the reused trajectories are copied, so `ponder gain` can pair them with RL's
+        assert (tmp_path / "rloo" / f"eval-{stage}.parquet").read_bytes() == (out / f"eval-{stage}.parquet").read_bytes()
     assert "sft" not in again["timing_s"] and "eval:base" not in again["timing_s"]
     # with lr 0 the RL run's weights are exactly the reused SFT weights
     trained = load_checkpoint(latest_checkpoint(tmp_path / "rloo" / "rl"))["weights"]

@@ -328,6 +328,7 @@ def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
         ("algo.advantage=gpro", r"unknown advantage estimator 'gpro'; valid: .*grpo.*rloo"),
         ("algo.loss=ppo2", r"unknown policy loss 'ppo2'; valid: .*ppo.*vanilla"),
         ("algo.aggregation=tokenmean", r"unknown loss aggregation 'tokenmean'; valid: .*token_mean"),
+        ("algo.std_scope=global", r"algo.std_scope: unknown 'global'; valid: group, batch"),
     ],
 )
 def test_unknown_algorithm_names_list_the_valid_ones(tmp_path, override, message):
