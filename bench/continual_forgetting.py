@@ -22,17 +22,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import torch  # noqa: E402
+import torch
 
-from ponder.config import ContinualConfig, LoraConfig, PipelineRecipe, SFTTrainerConfig, load_recipe  # noqa: E402
-from ponder.envs import load_search_qa  # noqa: E402
-from ponder.eval.agent_metrics import forgetting_metrics  # noqa: E402
-from ponder.fileio import write_text_atomic  # noqa: E402
-from ponder.models import apply_lora, load_policy  # noqa: E402
-from ponder.tools.retrieval import build_retriever  # noqa: E402
-from ponder.train.dpo import trajectory_example  # noqa: E402
-from ponder.train.sequence import Family, train_sequence  # noqa: E402
-from ponder.train.sft import build_demonstrations  # noqa: E402
+from ponder.config import ContinualConfig, LoraConfig, PipelineRecipe, SFTTrainerConfig, load_recipe
+from ponder.envs import load_search_qa
+from ponder.eval.agent_metrics import forgetting_metrics
+from ponder.fileio import write_text_atomic
+from ponder.models import apply_lora, load_policy
+from ponder.tools.retrieval import build_retriever
+from ponder.train.dpo import trajectory_example
+from ponder.train.sequence import Family, train_sequence
+from ponder.train.sft import build_demonstrations
 
 ORDER = ("single_hop", "multi_hop", "in_prompt")
 
@@ -40,7 +40,9 @@ ORDER = ("single_hop", "multi_hop", "in_prompt")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--recipe", default="recipes/pipeline_search_qa.yaml", help="env and rollout settings")
+    parser.add_argument(
+        "--recipe", default="recipes/pipeline_search_qa.yaml", help="env and rollout settings"
+    )
     parser.add_argument("--train-per-family", type=int, default=16)
     parser.add_argument("--eval-per-family", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8, help="SFT steps per family")
@@ -64,33 +66,65 @@ def build_families(args: argparse.Namespace, tokenizer_policy) -> list[Family]:
     for kind in ORDER:
         train = [t for t in data.train if t.kind == kind][: args.train_per_family]
         held_out = [t for t in data.eval if t.kind == kind][: args.eval_per_family]
-        demos = [build_demonstrations(tasks, "oracle", retriever, tokenizer_policy, recipe) for tasks in (train, held_out)]
-        families.append(Family(kind, [trajectory_example(t) for t in demos[0]], [trajectory_example(t) for t in demos[1]]))
+        demos = [
+            build_demonstrations(tasks, "oracle", retriever, tokenizer_policy, recipe)
+            for tasks in (train, held_out)
+        ]
+        families.append(
+            Family(kind, [trajectory_example(t) for t in demos[0]], [trajectory_example(t) for t in demos[1]])
+        )
     return families
 
 
 def run_method(method: str, args: argparse.Namespace, families: list[Family], out: Path) -> dict:
     continual = ContinualConfig(
-        replay_capacity=args.replay_capacity if method == "replay" else 0, replay_ratio=args.replay_ratio,
-        ewc_lambda=args.ewc_lambda if method == "ewc" else 0.0, fisher_examples=args.fisher_examples,
-    )  # fmt: skip
-    sft = SFTTrainerConfig(steps=args.steps, batch_size=args.batch_size, micro_batch_size=args.batch_size,
-                           lr=args.lr, warmup_steps=1, schedule="constant")  # fmt: skip
+        replay_capacity=args.replay_capacity if method == "replay" else 0,
+        replay_ratio=args.replay_ratio,
+        ewc_lambda=args.ewc_lambda if method == "ewc" else 0.0,
+        fisher_examples=args.fisher_examples,
+    )
+    sft = SFTTrainerConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        micro_batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=1,
+        schedule="constant",
+    )
     torch.manual_seed(args.seed)  # every method starts from the same adapters
     policy = apply_lora(load_policy(args.model, device="cpu"), LoraConfig(r=16, alpha=32))
     tick = time.perf_counter()
-    result = train_sequence(policy, families, sft, continual, out / method, args.seed, say=lambda s: print(f"[{method}] {s}", flush=True))
+    result = train_sequence(
+        policy,
+        families,
+        sft,
+        continual,
+        out / method,
+        args.seed,
+        say=lambda s: print(f"[{method}] {s}", flush=True),
+    )
     metrics = forgetting_metrics(result.accuracy, result.baseline)
     penalty = max((h.get("sft/ewc_penalty", 0.0) for h in result.history), default=0.0)
-    return {"method": method, **metrics, "max_ewc_penalty": penalty, "ewc_lambda": continual.ewc_lambda, "accuracy": result.accuracy, "token_accuracy": result.token_accuracy,
-            "baseline": result.baseline, "families": result.families, "wall_s": time.perf_counter() - tick}  # fmt: skip
+    return {
+        "method": method,
+        **metrics,
+        "max_ewc_penalty": penalty,
+        "ewc_lambda": continual.ewc_lambda,
+        "accuracy": result.accuracy,
+        "token_accuracy": result.token_accuracy,
+        "baseline": result.baseline,
+        "families": result.families,
+        "wall_s": time.perf_counter() - tick,
+    }
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| method | AA | BWT | FWT | final accuracy per family | wall s |", "|---|---|---|---|---|---|"]
     for row in rows:
         final = ", ".join(f"{f} {a:.3f}" for f, a in zip(row["families"], row["accuracy"][-1]))
-        lines.append(f"| {row['method']} | {row['AA']:.3f} | {row['BWT']:+.3f} | {row['FWT']:+.3f} | {final} | {row['wall_s']:.0f} |")
+        lines.append(
+            f"| {row['method']} | {row['AA']:.3f} | {row['BWT']:+.3f} | {row['FWT']:+.3f} | {final} | {row['wall_s']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -100,11 +134,17 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     families = build_families(args, load_policy(args.model, device="cpu"))
-    print("families: " + ", ".join(f"{f.name} ({len(f.train)} train, {len(f.eval)} held out)" for f in families), flush=True)
+    print(
+        "families: "
+        + ", ".join(f"{f.name} ({len(f.train)} train, {len(f.eval)} held out)" for f in families),
+        flush=True,
+    )
     rows = []
     for method in args.methods.split(","):
         rows.append(run_method(method, args, families, out))
-        write_text_atomic(out / "results.json", json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
+        write_text_atomic(
+            out / "results.json", json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n"
+        )
         write_text_atomic(out / "table.md", table(rows))
         print(table(rows), flush=True)
     return 0

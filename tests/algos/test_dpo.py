@@ -45,8 +45,12 @@ def test_hinge_and_ipo():
 def test_reference_free_drops_the_reference_terms():
     value, _ = _loss(loss="sigmoid", beta=0.5, reference_free=True)  # margin = −1 − (−3) = 2 as well
     assert value == pytest.approx(math.log(1 + math.exp(-1.0)))
-    losses, _ = dpo_loss(CHOSEN, REJECTED, torch.tensor([5.0]), REF_REJECTED, PreferenceLossConfig(reference_free=True))
-    assert float(losses[0]) == pytest.approx(math.log(1 + math.exp(-0.2)))  # the reference is ignored; β = 0.1
+    losses, _ = dpo_loss(
+        CHOSEN, REJECTED, torch.tensor([5.0]), REF_REJECTED, PreferenceLossConfig(reference_free=True)
+    )
+    assert float(losses[0]) == pytest.approx(
+        math.log(1 + math.exp(-0.2))
+    )  # the reference is ignored; β = 0.1
 
 
 def test_sequence_logprobs_ignore_masked_positions():

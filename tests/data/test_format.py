@@ -70,15 +70,21 @@ def test_inline_conversion_gives_back_the_engines_ids_and_mask(tokenizer):
                                 "retriever.topk=1", "env.max_obs_tokens=32",
                                 "rollout.sampling.max_new_tokens_per_turn=256"])  # fmt: skip
     data = load_search_qa(recipe.env)
-    tasks = [t for t in data.train if t.kind == "multi_hop"][:2] + [t for t in data.train if t.kind == "in_prompt"][:1]
+    tasks = [t for t in data.train if t.kind == "multi_hop"][:2] + [
+        t for t in data.train if t.kind == "in_prompt"
+    ][:1]
     policy = tiny_policy()
-    demonstrations = build_demonstrations(tasks, "oracle", build_retriever("bm25", data.corpus), policy, recipe)
+    demonstrations = build_demonstrations(
+        tasks, "oracle", build_retriever("bm25", data.corpus), policy, recipe
+    )
     assert len(demonstrations) == 3
     formatter = ChatFormatter(policy.tokenizer, "inline")
     by_id = {t.id: t for t in tasks}
     for trajectory in demonstrations:
         task = by_id[trajectory.task_id]
-        conversation = trajectory_to_conversation(trajectory, task, build_messages(task), [ToolSpec("search", "")])
+        conversation = trajectory_to_conversation(
+            trajectory, task, build_messages(task), [ToolSpec("search", "")]
+        )
         example = formatter(conversation)
         assert example.input_ids == trajectory.prompt_ids + trajectory.response_ids
         assert example.loss_mask == [0] * len(trajectory.prompt_ids) + trajectory.loss_mask
@@ -94,5 +100,8 @@ def test_pack_concatenates_up_to_the_row_length():
     examples = [TokenizedExample([1, 2], [0, 1], id="a"), TokenizedExample([3], [1], id="b"),
                 TokenizedExample([4, 5, 6], [0, 1, 1], id="c")]  # fmt: skip
     rows = pack(examples, 4)
-    assert [(r.input_ids, r.loss_mask, r.id) for r in rows] == [([1, 2, 3], [0, 1, 1], "a+b"), ([4, 5, 6], [0, 1, 1], "c")]
+    assert [(r.input_ids, r.loss_mask, r.id) for r in rows] == [
+        ([1, 2, 3], [0, 1, 1], "a+b"),
+        ([4, 5, 6], [0, 1, 1], "c"),
+    ]
     assert examples[0].input_ids == [1, 2]  # inputs untouched

@@ -8,7 +8,9 @@ from ponder.types import Task, ToolCall, Trajectory, Turn
 
 SEARCH_TASK = Task("t1", "Where was Ann born?", ["Oslo"], needs_search=True,
                    oracle_actions=["<search>Ann</search>", "<answer>Oslo</answer>"])  # fmt: skip
-IN_PROMPT = Task("t2", "Where was Ann born?", ["Oslo"], needs_search=False, oracle_actions=["<answer>Oslo</answer>"])
+IN_PROMPT = Task(
+    "t2", "Where was Ann born?", ["Oslo"], needs_search=False, oracle_actions=["<answer>Oslo</answer>"]
+)
 
 
 def _episode(*turns):
@@ -41,7 +43,9 @@ def test_optimal_episode_earns_every_component_and_no_penalty():
 
 
 def test_named_penalties_and_their_weights():
-    reward = AgentReward({"completion": 1.0, "wrong_tool": -0.5, "redundant_call": -0.25, "format_error": -1.0})
+    reward = AgentReward(
+        {"completion": 1.0, "wrong_tool": -0.5, "redundant_call": -0.25, "format_error": -1.0}
+    )
     bad_turn = Turn(2, "<search>", error="unclosed <search>")
     episode = _episode(_search(), _search(), _search("x", name="calc"), bad_turn, _answer())
     total, breakdown = reward(episode, SEARCH_TASK)
@@ -59,7 +63,10 @@ def test_timing_rewards_not_calling_when_the_answer_is_in_the_prompt():
     assert reward(_episode(_answer()), IN_PROMPT)[0] == 1.0
     called, breakdown = reward(_episode(_search(), _answer()), IN_PROMPT)
     assert called == 0.0 and breakdown["tool_f1"] == 0.0
-    assert reward(_episode(_search()), SEARCH_TASK) == (-1.0 + 1.0, reward(_episode(_search()), SEARCH_TASK)[1])
+    assert reward(_episode(_search()), SEARCH_TASK) == (
+        -1.0 + 1.0,
+        reward(_episode(_search()), SEARCH_TASK)[1],
+    )
     assert "should have called search" in reward.feedback(_episode(_answer()), SEARCH_TASK)
 
 

@@ -60,7 +60,9 @@ def test_pipeline_runs_skips_and_resumes(tmp_path, preference_file):
     stages = run_pipeline(recipe, tmp_path, say=said.append)
     assert [name for name, _ in stages] == ["base", "warmup", "sft", "dpo"]
     for _, metrics in stages:
-        assert {"tool_selection_acc", "plan_success", "step_efficiency", "success", "agent_reward"} <= set(metrics)
+        assert {"tool_selection_acc", "plan_success", "step_efficiency", "success", "agent_reward"} <= set(
+            metrics
+        )
     sft_report = json.loads((tmp_path / "02-sft" / "done.json").read_text())
     assert sft_report["selection"]["kept"] == 2 and sft_report["last"]["sft/replayed"] == 1.0
     assert sft_report["last"]["sft/ewc_penalty"] >= 0.0 and "sft/eval_loss" in sft_report["last"]
@@ -114,7 +116,9 @@ def test_sampled_preferences_keep_best_over_worst_only():
         return RolloutEngine(ScriptedBackend(policy.tokenizer, scripts), factory, rollout)
 
     reward = AgentReward.from_config(recipe.agent_reward)
-    pairs, report = sample_preferences(policy, [task, tied], engine_for, reward, recipe.dpo.__class__(samples_per_prompt=2))
+    pairs, report = sample_preferences(
+        policy, [task, tied], engine_for, reward, recipe.dpo.__class__(samples_per_prompt=2)
+    )
     assert report["pairs"] == 1 and report["skipped"] == {"tied groups": 1}
     best, worst = pairs[0]
     assert best.final_answer == answer and worst.final_answer == "wrong" and best.reward > worst.reward

@@ -1,7 +1,6 @@
 """Coreset strategies on a constructed set with known answers; reservoir sampling's
 distribution; the diagonal Fisher of a tiny model against a hand computation."""
 
-import random
 from collections import Counter
 
 import numpy as np
@@ -10,7 +9,7 @@ import torch
 
 from ponder.data import TokenizedExample
 from ponder.eval.agent_metrics import forgetting_metrics
-from ponder.models import Policy, tiny_tokenizer
+from ponder.models import Policy
 from ponder.train.continual import EWCState, ReservoirBuffer, diagonal_fisher, replay_count
 from ponder.train.selection import embed_texts, k_center_greedy, select_indices
 
@@ -41,7 +40,9 @@ def test_strategies_on_known_answers():
 
 
 def test_hashing_embeddings_put_similar_texts_close():
-    vectors = embed_texts(["search the capital of France", "search the capital of Spain", "2 + 2 = 4"], "hashing")
+    vectors = embed_texts(
+        ["search the capital of France", "search the capital of Spain", "2 + 2 = 4"], "hashing"
+    )
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
 

@@ -35,7 +35,9 @@ def test_family_sequence_fills_the_accuracy_matrix(tmp_path):
     formatter = ChatFormatter(policy.tokenizer, "hermes")
 
     def family(name, answer):
-        example = formatter(Conversation([{"role": "user", "content": name}, {"role": "assistant", "content": answer}]))
+        example = formatter(
+            Conversation([{"role": "user", "content": name}, {"role": "assistant", "content": answer}])
+        )
         return Family(name, [example] * 2, [example])
 
     families = [family("a", "yes"), family("b", "no"), family("c", "maybe")]

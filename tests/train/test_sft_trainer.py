@@ -67,5 +67,7 @@ def test_dpo_raises_the_chosen_over_rejected_margin(tmp_path):
     pairs = [PreferenceExample(good, bad)] * 4
     cfg = DPOConfig(steps=5, batch_size=4, micro_batch_size=2, lr=1e-2, beta=0.5, save_every=5)
     history = DPOTrainer(policy, pairs, cfg, tmp_path).train()
-    assert history[0]["dpo/margin"] == pytest.approx(0.0, abs=1e-5)  # adapters start at zero: policy = reference
+    assert history[0]["dpo/margin"] == pytest.approx(
+        0.0, abs=1e-5
+    )  # adapters start at zero: policy = reference
     assert history[-1]["dpo/margin"] > 0.0 and history[-1]["dpo/loss"] < history[0]["dpo/loss"]

@@ -11,8 +11,8 @@ reference-free). `dpo_loss` builds the margin from sequence log-probabilities.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,9 @@ PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss")
 def sigmoid_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
     """DPO: −log σ(β·m), with conservative label smoothing ε (Mitchell 2023):
     (1 − ε)·(−log σ(β·m)) + ε·(−log σ(−β·m)). margin [B] -> [B]."""
-    return -F.logsigmoid(beta * margin) * (1 - label_smoothing) - F.logsigmoid(-beta * margin) * label_smoothing
+    return (
+        -F.logsigmoid(beta * margin) * (1 - label_smoothing) - F.logsigmoid(-beta * margin) * label_smoothing
+    )
 
 
 @PREFERENCE_LOSSES.register("hinge")
@@ -53,10 +55,16 @@ class PreferenceLossConfig:
     reference_free: bool = False
 
 
-def sequence_logprobs(token_logprobs: torch.Tensor, loss_mask: torch.Tensor, average: bool = False) -> torch.Tensor:
+def sequence_logprobs(
+    token_logprobs: torch.Tensor, loss_mask: torch.Tensor, average: bool = False
+) -> torch.Tensor:
     """Per-sequence log-probability: sum (or mean, `average`) of token_logprobs [B, T]
     over loss_mask [B, T] (1 = a response token). -> [B]."""
-    return masked_mean(token_logprobs, loss_mask, dim=-1) if average else masked_sum(token_logprobs, loss_mask, dim=-1)
+    return (
+        masked_mean(token_logprobs, loss_mask, dim=-1)
+        if average
+        else masked_sum(token_logprobs, loss_mask, dim=-1)
+    )
 
 
 def dpo_loss(
@@ -87,7 +95,10 @@ def dpo_loss(
 
 
 def ewc_penalty(
-    params: dict[str, torch.Tensor], anchors: dict[str, torch.Tensor], fisher: dict[str, torch.Tensor], weight: float
+    params: dict[str, torch.Tensor],
+    anchors: dict[str, torch.Tensor],
+    fisher: dict[str, torch.Tensor],
+    weight: float,
 ) -> torch.Tensor:
     """EWC (Kirkpatrick 2017): (weight / 2) · Σ_i F_i · (θ_i − θ*_i)² over the named
     parameters in `anchors` (θ* after the previous task, F its diagonal Fisher, same

@@ -8,7 +8,8 @@ conversation gives back the episode's exact token ids and loss mask.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ponder.data.records import Conversation, PreferencePair
 from ponder.types import Task, ToolSpec, Trajectory

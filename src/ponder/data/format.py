@@ -49,7 +49,12 @@ class TokenizedExample:
         """A Trajectory whose first token is the prompt, so train.batch.collate aligns it."""
         rest = len(self.input_ids) - 1
         return Trajectory(
-            self.id, self.input_ids[:1], self.input_ids[1:], self.loss_mask[1:], [0.0] * rest, group_id=self.id
+            self.id,
+            self.input_ids[:1],
+            self.input_ids[1:],
+            self.loss_mask[1:],
+            [0.0] * rest,
+            group_id=self.id,
         )
 
 
@@ -78,7 +83,9 @@ class ChatFormatter:
         segments = self.render_prompt(messages, tools)
         return [i for text, _ in segments for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    def render_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> list[tuple[str, bool]]:
         if self.style == "inline":
             return [(self._template_text(messages, tools, generation_prompt=True), False)]
         if self.style == "template":
@@ -96,7 +103,9 @@ class ChatFormatter:
     def _hermes(self, conversation: Conversation) -> list[tuple[str, bool]]:
         return self._hermes_messages(conversation.messages, conversation.tools)
 
-    def _hermes_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    def _hermes_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> list[tuple[str, bool]]:
         messages = _with_tool_system_prompt(messages, tools)
         segments: list[tuple[str, bool]] = []
         for message in messages:
@@ -114,7 +123,9 @@ class ChatFormatter:
     def _template(self, conversation: Conversation) -> list[tuple[str, bool]]:
         messages, tools = conversation.messages, conversation.tools
         if tools and "tools" not in (self.tokenizer.chat_template or ""):
-            raise ValueError("tool style 'template': this tokenizer's chat template does not take tools=; use 'hermes'")
+            raise ValueError(
+                "tool style 'template': this tokenizer's chat template does not take tools=; use 'hermes'"
+            )
         segments: list[tuple[str, bool]] = []
         done = ""
         for index, message in enumerate(messages):
@@ -127,7 +138,9 @@ class ChatFormatter:
             done = full
         return segments
 
-    def _template_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _template_text(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation_prompt: bool
+    ) -> str:
         if not messages:
             return ""
         options: dict[str, Any] = {"tools": tools} if tools and self.style == "template" else {}
@@ -138,17 +151,23 @@ class ChatFormatter:
 
 def _suffix(text: str, prefix: str) -> str:
     if not text.startswith(prefix):
-        raise ValueError("tool style 'template': the chat template does not render conversations prefix by prefix")
+        raise ValueError(
+            "tool style 'template': the chat template does not render conversations prefix by prefix"
+        )
     return text[len(prefix) :]
 
 
-def _with_tool_system_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_tool_system_prompt(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     if not tools:
         return messages
     specs = " ".join(json.dumps(t if "function" in t else {"type": "function", "function": t}) for t in tools)
     block = HERMES_SYSTEM.format(tools=specs)
     if messages and messages[0]["role"] == "system":
-        return [{**messages[0], "content": block + "\n\n" + (messages[0].get("content") or "")}] + messages[1:]
+        return [{**messages[0], "content": block + "\n\n" + (messages[0].get("content") or "")}] + messages[
+            1:
+        ]
     return [{"role": "system", "content": block}] + messages
 
 
@@ -179,5 +198,7 @@ def pack(examples: list[TokenizedExample], max_tokens: int) -> list[TokenizedExa
             last.loss_mask = last.loss_mask + example.loss_mask
             last.id = f"{last.id}+{example.id}"
             continue
-        rows.append(TokenizedExample(list(example.input_ids), list(example.loss_mask), example.task_type, example.id))
+        rows.append(
+            TokenizedExample(list(example.input_ids), list(example.loss_mask), example.task_type, example.id)
+        )
     return rows

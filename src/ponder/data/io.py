@@ -52,7 +52,9 @@ def _read_path(path: Path) -> list[dict[str, Any]]:
 
 def load_conversations(source: Any, max_rows: int = 0) -> tuple[list[Conversation], LoadReport]:
     """SFT conversations from `source`; unusable rows are skipped and counted."""
-    return parse_rows(read_rows(source, max_rows), "sft", str(source) if not isinstance(source, list) else "rows")
+    return parse_rows(
+        read_rows(source, max_rows), "sft", str(source) if not isinstance(source, list) else "rows"
+    )
 
 
 def load_preferences(source: Any, max_rows: int = 0) -> tuple[list[PreferencePair], LoadReport]:

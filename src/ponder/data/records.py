@@ -141,7 +141,9 @@ def parse_preference(row: dict[str, Any], index: int) -> tuple[PreferencePair | 
     if json.dumps(chosen, sort_keys=True) == json.dumps(rejected, sort_keys=True):
         return None, "identical chosen and rejected"
     task_type = str(row.get("task_type") or DEFAULT_TASK_TYPE)
-    return PreferencePair(prompt, chosen, rejected, tools, task_type, str(row.get("id") or f"row-{index}")), None
+    return PreferencePair(
+        prompt, chosen, rejected, tools, task_type, str(row.get("id") or f"row-{index}")
+    ), None
 
 
 def parse_rows(rows: list[dict[str, Any]], kind: str, what: str = "dataset") -> tuple[list[Any], LoadReport]:

@@ -3,6 +3,7 @@ metrics (AA, BWT, FWT) of a sequence of task families."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ponder.eval.metrics import mean
@@ -55,7 +56,9 @@ def forgetting_metrics(accuracy: list[list[float]], baseline: list[float] | None
     """
     families = len(accuracy)
     if families < 2 or any(len(row) != families for row in accuracy):
-        raise ValueError(f"forgetting metrics need a square matrix of at least 2 families, got {len(accuracy)} rows")
+        raise ValueError(
+            f"forgetting metrics need a square matrix of at least 2 families, got {len(accuracy)} rows"
+        )
     last = accuracy[-1]
     result = {
         "AA": sum(last) / families,
@@ -79,6 +82,6 @@ STAGE_COLUMNS = (
 
 
 def _fmt(value: Any) -> str:
-    if not isinstance(value, (int, float)) or value != value:
+    if not isinstance(value, (int, float)) or math.isnan(value):
         return "-"
     return f"{value:.3f}"

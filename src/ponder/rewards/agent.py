@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ponder.rewards.qa import exact_match
 from ponder.types import Task, Trajectory
@@ -55,7 +56,9 @@ def generic_format(trajectory: Trajectory, task: Task) -> float:
     return 1.0 if answered and not any(turn.error for turn in trajectory.turns) else 0.0
 
 
-def components(trajectory: Trajectory, task: Task, format_fn: Callable[[Trajectory, Task], float]) -> dict[str, float]:
+def components(
+    trajectory: Trajectory, task: Task, format_fn: Callable[[Trajectory, Task], float]
+) -> dict[str, float]:
     """The five components and the four penalty counts of one episode."""
     calls = [c for turn in trajectory.turns for c in turn.tool_calls]
     targets = target_tools(task)
@@ -85,15 +88,21 @@ class AgentReward:
     the pipeline passes the Search-R1 protocol check for search-QA).
     """
 
-    def __init__(self, weights: dict[str, float], format_fn: Callable[[Trajectory, Task], float] = generic_format):
+    def __init__(
+        self, weights: dict[str, float], format_fn: Callable[[Trajectory, Task], float] = generic_format
+    ):
         unknown = sorted(set(weights) - set(COMPONENTS) - set(PENALTIES))
         if unknown:
-            raise ValueError(f"unknown agent reward term(s) {unknown}; valid: {', '.join(COMPONENTS + PENALTIES)}")
+            raise ValueError(
+                f"unknown agent reward term(s) {unknown}; valid: {', '.join(COMPONENTS + PENALTIES)}"
+            )
         self.weights = {name: float(weights.get(name, 0.0)) for name in COMPONENTS + PENALTIES}
         self.format_fn = format_fn
 
     @classmethod
-    def from_config(cls, cfg: Any, format_fn: Callable[[Trajectory, Task], float] = generic_format) -> AgentReward:
+    def from_config(
+        cls, cfg: Any, format_fn: Callable[[Trajectory, Task], float] = generic_format
+    ) -> AgentReward:
         return cls({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, format_fn)
 
     def __call__(self, trajectory: Trajectory, task: Task) -> tuple[float, dict[str, float]]:

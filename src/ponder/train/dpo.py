@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -20,8 +21,14 @@ from ponder.data.format import TokenizedExample
 from ponder.models.logprobs import adapters_disabled
 from ponder.models.value_head import forward_policy
 from ponder.train.batch import collate
-from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.train.checkpoint import trainable_state
+from ponder.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    trainable_state,
+)
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.types import Task, Trajectory
@@ -73,7 +80,11 @@ def best_worst_pairs(
 
 
 def sample_preferences(
-    policy: Any, tasks: list[Task], engine_for: Callable[[Any], Any], reward: Callable[..., Any], cfg: DPOConfig
+    policy: Any,
+    tasks: list[Task],
+    engine_for: Callable[[Any], Any],
+    reward: Callable[..., Any],
+    cfg: DPOConfig,
 ) -> tuple[list[tuple[Trajectory, Trajectory]], dict[str, Any]]:
     """Roll out K = cfg.samples_per_prompt episodes per task with `engine_for(K)`, score
     them with `reward`, and keep the best/worst pairs. Returns (pairs, report)."""
@@ -90,11 +101,15 @@ def sample_preferences(
         "mean_sample_reward": sum(rewards) / max(1, len(rewards)), "sampling_s": stats.wall_s,
     }  # fmt: skip
     if not pairs:
-        raise ValueError(f"no preference pair: all {len(tasks)} groups of {cfg.samples_per_prompt} samples tied")
+        raise ValueError(
+            f"no preference pair: all {len(tasks)} groups of {cfg.samples_per_prompt} samples tied"
+        )
     return pairs, report
 
 
-def pair_logprobs(policy: Any, pairs: list[PreferenceExample], average: bool, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_logprobs(
+    policy: Any, pairs: list[PreferenceExample], average: bool, reference: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence log-probs [P] of the chosen and the rejected sides (one batch of 2P rows)."""
     rows = [p.chosen.to_trajectory() for p in pairs] + [p.rejected.to_trajectory() for p in pairs]
     batch = collate(rows, policy.tokenizer.pad_token_id)
@@ -110,9 +125,11 @@ def pair_logprobs(policy: Any, pairs: list[PreferenceExample], average: bool, re
 
 
 class DPOTrainer:
-    """The loop: pairs → policy log-probs → preference loss vs fixed reference → step → log → checkpoint."""
+    """The loop: pairs → log-probs → preference loss vs the fixed reference → step → log → checkpoint."""
 
-    def __init__(self, policy: Any, pairs: list[PreferenceExample], cfg: DPOConfig, run_dir: str | Path, seed: int = 0) -> None:
+    def __init__(
+        self, policy: Any, pairs: list[PreferenceExample], cfg: DPOConfig, run_dir: str | Path, seed: int = 0
+    ) -> None:
         if not pairs:
             raise ValueError("no preference pairs to train on")
         PREFERENCE_LOSSES.get(cfg.loss)  # an unknown name fails before any work
@@ -133,7 +150,9 @@ class DPOTrainer:
         self.policy.model.eval()
         chosen, rejected = [], []
         for start in range(0, len(self.pairs), self.cfg.micro_batch_size):
-            c, r = pair_logprobs(self.policy, self.pairs[start : start + self.cfg.micro_batch_size], self.average, True)
+            c, r = pair_logprobs(
+                self.policy, self.pairs[start : start + self.cfg.micro_batch_size], self.average, True
+            )
             chosen.append(c.cpu())
             rejected.append(r.cpu())
         return torch.cat(chosen), torch.cat(rejected)
@@ -189,7 +208,12 @@ class DPOTrainer:
         return metrics
 
     def save(self) -> Path:
-        trainer = {"step": self.step, "order": list(self.order), "rng": self.rng.getstate(), "global_rng": rng_state()}
+        trainer = {
+            "step": self.step,
+            "order": list(self.order),
+            "rng": self.rng.getstate(),
+            "global_rng": rng_state(),
+        }
         objects = {
             "weights": trainable_state(self.policy.model),
             "optimizer": self.optimizer.state_dict(),

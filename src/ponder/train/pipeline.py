@@ -14,15 +14,21 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ponder.config import PipelineRecipe, SFTTrainerConfig
-from ponder.data import ChatFormatter, TokenizedExample, load_conversations, load_preferences
-from ponder.data import successful_conversations
+from ponder.data import (
+    ChatFormatter,
+    TokenizedExample,
+    load_conversations,
+    load_preferences,
+    successful_conversations,
+)
 from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
 from ponder.eval.agent_metrics import agent_metrics
 from ponder.fileio import write_text_atomic
@@ -32,7 +38,13 @@ from ponder.rewards.agent import AgentReward
 from ponder.tools.retrieval import build_retriever
 from ponder.train.checkpoint import trainable_state
 from ponder.train.continual import EWCState, ReservoirBuffer
-from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, trajectory_example, with_group_size
+from ponder.train.dpo import (
+    DPOTrainer,
+    PreferenceExample,
+    sample_preferences,
+    trajectory_example,
+    with_group_size,
+)
 from ponder.train.selection import select_coreset
 from ponder.train.sft import build_demonstrations
 from ponder.train.sft_trainer import SFTInputs, SFTTrainer
@@ -57,7 +69,9 @@ class Context:
 
     def __post_init__(self) -> None:
         self.data = load_search_qa(self.recipe.env)
-        self.retriever = build_retriever(self.recipe.retriever.kind, self.data.corpus, self.recipe.retriever.url)
+        self.retriever = build_retriever(
+            self.recipe.retriever.kind, self.data.corpus, self.recipe.retriever.url
+        )
 
     def agent_reward(self) -> AgentReward:
         return AgentReward.from_config(self.recipe.agent_reward, format_compliance)
@@ -85,7 +99,9 @@ def check_pipeline(recipe: PipelineRecipe) -> None:
     if recipe.data.tool_style not in STYLES:
         raise ValueError(f"data.tool_style: unknown '{recipe.data.tool_style}'; valid: {', '.join(STYLES)}")
     if recipe.selection.strategy not in STRATEGIES:
-        raise ValueError(f"selection.strategy: unknown '{recipe.selection.strategy}'; valid: {', '.join(STRATEGIES)}")
+        raise ValueError(
+            f"selection.strategy: unknown '{recipe.selection.strategy}'; valid: {', '.join(STRATEGIES)}"
+        )
     check_recipe(recipe)
 
 
@@ -95,7 +111,9 @@ def stage_plan(recipe: PipelineRecipe) -> list[tuple[str, str]]:
     return [(name, f"{index:02d}-{name}") for index, name in enumerate(names)]
 
 
-def run_pipeline(recipe: PipelineRecipe, out: str | Path, say: Callable[[str], None] = print) -> list[tuple[str, dict]]:
+def run_pipeline(
+    recipe: PipelineRecipe, out: str | Path, say: Callable[[str], None] = print
+) -> list[tuple[str, dict]]:
     """Run (or resume) every stage; returns [(stage, its evaluation metrics)]."""
     check_pipeline(recipe)
     ctx = Context(recipe, Path(out), say)
@@ -127,7 +145,9 @@ def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tupl
     if name == "eval":
         table = stage_table_markdown(ctx.stage_results)
         write_text_atomic(stage_dir / "table.md", table)
-        write_text_atomic(ctx.out / "results.json", json.dumps(ctx.stage_results, indent=2, default=float) + "\n")
+        write_text_atomic(
+            ctx.out / "results.json", json.dumps(ctx.stage_results, indent=2, default=float) + "\n"
+        )
         return policy, {"table": table}
     torch.manual_seed(ctx.recipe.train.seed)  # the same fresh adapters when an interrupted stage restarts
     trainable = fresh_trainable(policy, ctx.recipe)
@@ -164,7 +184,9 @@ def merge_stage(policy: Policy, stage_dir: Path, recipe: PipelineRecipe) -> Poli
     state = torch.load(stage_dir / WEIGHTS, map_location=policy.device, weights_only=True)
     missing = set(trainable_state(trainable.model)) - set(state)
     if missing:
-        raise ValueError(f"{stage_dir / WEIGHTS}: lacks weights {sorted(missing)[:2]} (recipe changed since the run?)")
+        raise ValueError(
+            f"{stage_dir / WEIGHTS}: lacks weights {sorted(missing)[:2]} (recipe changed since the run?)"
+        )
     trainable.model.load_state_dict(state, strict=False)
     return merged_policy(trainable, recipe)
 
@@ -181,7 +203,9 @@ def evaluate_stage(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, A
     reward = ctx.agent_reward()
     metrics.update(agent_metrics(result.trajectories, tasks_by_id, reward))
     # per task, so two stages can be compared pairwise on the same held-out tasks
-    metrics["per_task_agent_reward"] = {t.task_id: reward(t, tasks_by_id[t.task_id])[0] for t in result.trajectories}
+    metrics["per_task_agent_reward"] = {
+        t.task_id: reward(t, tasks_by_id[t.task_id])[0] for t in result.trajectories
+    }
     ctx.say("  eval: " + ", ".join(f"{k}={metrics[k]:.3f}" for k in ("success", "agent_reward", "reward")))
     return metrics
 
@@ -197,17 +221,25 @@ def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     recipe = ctx.recipe
     kinds = set(recipe.sft.task_kinds)
     tasks = [t for t in ctx.data.train if not kinds or t.kind in kinds][: recipe.sft.examples]
-    demos = build_demonstrations(tasks, recipe.sft.behaviour, ctx.retriever, policy, recipe, recipe.sft.oracle_fraction)
+    demos = build_demonstrations(
+        tasks, recipe.sft.behaviour, ctx.retriever, policy, recipe, recipe.sft.oracle_fraction
+    )
     examples = [trajectory_example(t) for t in demos]
     torch.save(examples, stage_dir / "examples.pt")  # a later stage's replay buffer / EWC data
+    sft = recipe.sft
     cfg = SFTTrainerConfig(
-        steps=recipe.sft.steps, batch_size=recipe.sft.batch_size, micro_batch_size=recipe.algo.micro_batch_size,
-        lr=recipe.sft.lr, warmup_steps=recipe.sft.warmup_steps, schedule="constant", save_every=recipe.sft_trainer.save_every,
+        steps=sft.steps, batch_size=sft.batch_size, micro_batch_size=recipe.algo.micro_batch_size, lr=sft.lr,
+        warmup_steps=sft.warmup_steps, schedule="constant", save_every=recipe.sft_trainer.save_every,
     )  # fmt: skip
     trainer = SFTTrainer(policy, SFTInputs(examples), cfg, stage_dir, recipe.train.seed)
     start = trainer.resume()
     history = trainer.train()
-    return {"demonstrations": len(examples), "of_tasks": len(tasks), "resumed_from": start, "last": _last(history)}
+    return {
+        "demonstrations": len(examples),
+        "of_tasks": len(tasks),
+        "resumed_from": start,
+        "last": _last(history),
+    }
 
 
 def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExample], dict[str, Any]]:
@@ -220,7 +252,11 @@ def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExam
         tasks = _train_tasks(ctx, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
         sft = recipe.sft
         demos = build_demonstrations(tasks, sft.behaviour, ctx.retriever, policy, recipe, sft.oracle_fraction)
-        tools = [ToolSpec("search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}})]
+        tools = [
+            ToolSpec(
+                "search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}}
+            )
+        ]
         conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, tools)
         source = f"{sft.behaviour} demonstrations ({sft.oracle_fraction:.0%} oracle)"
         report = {"source": source, "load": {"read": len(tasks), "kept": len(conversations)}}
@@ -246,24 +282,29 @@ def run_sft(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     conversations, examples, report = sft_examples(ctx, policy)
     order = list(range(len(examples)))
     random.Random(recipe.train.seed).shuffle(order)
-    n_eval = int(round(recipe.data.eval_fraction * len(order))) if len(order) > 1 else 0
+    n_eval = round(recipe.data.eval_fraction * len(order)) if len(order) > 1 else 0
     eval_rows, train_rows = order[:n_eval], order[n_eval:]
-    kept, report["selection"] = select_coreset(
-        policy, [conversations[i] for i in train_rows], [examples[i] for i in train_rows], recipe.selection, recipe.train.seed
-    )  # fmt: skip
+    candidates = [conversations[i] for i in train_rows], [examples[i] for i in train_rows]
+    kept, report["selection"] = select_coreset(policy, *candidates, recipe.selection, recipe.train.seed)
     inputs = SFTInputs(
-        [examples[train_rows[i]] for i in kept], [examples[i] for i in eval_rows], dict(recipe.data.task_weights),
+        [examples[train_rows[i]] for i in kept],
+        [examples[i] for i in eval_rows],
+        dict(recipe.data.task_weights),
         replay_ratio=recipe.continual.replay_ratio, pack_tokens=recipe.rollout.sampling.max_total_tokens,
     )  # fmt: skip
     inputs.replay, inputs.ewc = _continual(ctx, policy, stage_dir)
     trainer = SFTTrainer(policy, inputs, recipe.sft_trainer, stage_dir, recipe.train.seed)
     report["resumed_from"] = trainer.resume()
     history = trainer.train()
-    report.update({"train_examples": len(inputs.train), "eval_examples": len(inputs.eval), "last": _last(history)})
+    report.update(
+        {"train_examples": len(inputs.train), "eval_examples": len(inputs.eval), "last": _last(history)}
+    )
     return report
 
 
-def _continual(ctx: Context, policy: Policy, stage_dir: Path) -> tuple[ReservoirBuffer | None, EWCState | None]:
+def _continual(
+    ctx: Context, policy: Policy, stage_dir: Path
+) -> tuple[ReservoirBuffer | None, EWCState | None]:
     """Replay buffer and EWC state over the warm-up's examples, when configured and present."""
     cfg = ctx.recipe.continual
     previous = sorted(ctx.out.glob("*-warmup/examples.pt"))
@@ -314,7 +355,9 @@ def _preference_pairs(ctx: Context, policy: Policy) -> tuple[list[PreferenceExam
 
     tasks = _train_tasks(ctx, recipe.dpo.prompts, recipe.train.seed + 2)
     sampled, report = sample_preferences(policy, tasks, engine_for, ctx.agent_reward(), recipe.dpo)
-    pairs = [PreferenceExample(trajectory_example(best), trajectory_example(worst)) for best, worst in sampled]
+    pairs = [
+        PreferenceExample(trajectory_example(best), trajectory_example(worst)) for best, worst in sampled
+    ]
     return pairs, report
 
 
@@ -347,4 +390,6 @@ def stage_table_markdown(stages: list[tuple[str, dict[str, Any]]]) -> str:
 
     header = "| stage | " + " | ".join(STAGE_COLUMNS) + " |"
     rule = "|" + "---|" * (len(STAGE_COLUMNS) + 1)
-    return "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in stage_table_rows(stages)]) + "\n"
+    return (
+        "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in stage_table_rows(stages)]) + "\n"
+    )

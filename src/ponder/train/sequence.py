@@ -10,9 +10,10 @@ reported beside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -37,7 +38,9 @@ def turn_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(policy: Any, examples: list[TokenizedExample], micro_batch_size: int = 4) -> dict[str, float]:
+def teacher_forced_accuracy(
+    policy: Any, examples: list[TokenizedExample], micro_batch_size: int = 4
+) -> dict[str, float]:
     """{"turn_accuracy", "token_accuracy"} over the examples' assistant turns (see module doc)."""
     policy.model.eval()
     turns_right = turns = tokens_right = tokens = 0
@@ -45,8 +48,10 @@ def teacher_forced_accuracy(policy: Any, examples: list[TokenizedExample], micro
         chunk = examples[start : start + micro_batch_size]
         batch = collate([e.to_trajectory() for e in chunk], policy.tokenizer.pad_token_id)
         ids, attention = batch.input_ids.to(policy.device), batch.attention_mask.to(policy.device)
-        logits = policy.model(input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
-                              use_cache=False).logits  # fmt: skip
+        positions = position_ids_from_mask(attention)
+        logits = policy.model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False
+        ).logits
         right = (logits[:, :-1].argmax(-1) == ids[:, 1:]).cpu()
         for row, example in enumerate(chunk):
             for begin, end in turn_spans(example.loss_mask):
@@ -79,9 +84,14 @@ class SequenceResult:
 
 
 def train_sequence(
-    policy: Any, families: list[Family], sft: SFTTrainerConfig, continual: ContinualConfig, run_dir: str | Path,
-    seed: int = 0, say: Callable[[str], None] = print,
-) -> SequenceResult:  # fmt: skip
+    policy: Any,
+    families: list[Family],
+    sft: SFTTrainerConfig,
+    continual: ContinualConfig,
+    run_dir: str | Path,
+    seed: int = 0,
+    say: Callable[[str], None] = print,
+) -> SequenceResult:
     """Fine-tune on each family in turn (fresh optimizer each), with replay and/or EWC
     as `continual` says, scoring every family after each one."""
     run_dir = Path(run_dir)
@@ -92,12 +102,21 @@ def train_sequence(
     result.baseline = [s["turn_accuracy"] for s in scores]
     for index, family in enumerate(families):
         inputs = SFTInputs(family.train, replay=replay, replay_ratio=continual.replay_ratio, ewc=ewc)
-        trainer = SFTTrainer(policy, inputs, replace(sft, save_every=max(1, sft.steps)), run_dir / f"{index}-{family.name}", seed)
+        trainer = SFTTrainer(
+            policy,
+            inputs,
+            replace(sft, save_every=max(1, sft.steps)),
+            run_dir / f"{index}-{family.name}",
+            seed,
+        )
         result.history += trainer.train()
         scores = [teacher_forced_accuracy(policy, f.eval) for f in families]
         result.accuracy.append([s["turn_accuracy"] for s in scores])
         result.token_accuracy.append([s["token_accuracy"] for s in scores])
-        say(f"after {family.name}: " + ", ".join(f"{f.name}={s['turn_accuracy']:.3f}" for f, s in zip(families, scores)))
+        say(
+            f"after {family.name}: "
+            + ", ".join(f"{f.name}={s['turn_accuracy']:.3f}" for f, s in zip(families, scores))
+        )
         if replay is not None:
             replay.extend(family.train)
         if ewc is not None:

@@ -7,9 +7,10 @@ rehearsal (replay) and EWC for continual learning.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -17,8 +18,14 @@ from ponder.config import OptimConfig, SFTTrainerConfig
 from ponder.data.format import TokenizedExample, pack
 from ponder.models.value_head import forward_policy
 from ponder.train.batch import collate
-from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.train.checkpoint import trainable_state
+from ponder.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    trainable_state,
+)
 from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
@@ -76,8 +83,13 @@ class SFTInputs:
     pack_tokens: int = 1024
 
 
-def token_nll(policy: Any, examples: list[TokenizedExample], micro_batch_size: int, denominator: float | None = None,
-              backward: bool = False) -> float:  # fmt: skip
+def token_nll(
+    policy: Any,
+    examples: list[TokenizedExample],
+    micro_batch_size: int,
+    denominator: float | None = None,
+    backward: bool = False,
+) -> float:
     """Σ assistant-token NLL / denominator (default: their count), optionally backpropagated."""
     rows = [e.to_trajectory() for e in examples]
     total_tokens = denominator or float(sum(sum(e.loss_mask[1:]) for e in examples)) or 1.0
@@ -98,7 +110,9 @@ def token_nll(policy: Any, examples: list[TokenizedExample], micro_batch_size: i
 class SFTTrainer:
     """The loop: sample → (replay) → accumulate → clip → step → log → eval → checkpoint."""
 
-    def __init__(self, policy: Any, inputs: SFTInputs, cfg: SFTTrainerConfig, run_dir: str | Path, seed: int = 0) -> None:
+    def __init__(
+        self, policy: Any, inputs: SFTInputs, cfg: SFTTrainerConfig, run_dir: str | Path, seed: int = 0
+    ) -> None:
         if not inputs.train:
             raise ValueError("no SFT examples to train on")
         self.policy, self.cfg, self.run_dir = policy, cfg, Path(run_dir)
@@ -117,7 +131,9 @@ class SFTTrainer:
                 metrics = self.train_step()
                 self.step += 1
                 last = self.step == self.cfg.steps
-                if self.inputs.eval and (last or (self.cfg.eval_every and self.step % self.cfg.eval_every == 0)):
+                if self.inputs.eval and (
+                    last or (self.cfg.eval_every and self.step % self.cfg.eval_every == 0)
+                ):
                     metrics["sft/eval_loss"] = self.eval_loss()
                 log.log(self.step, metrics)
                 history.append(metrics)
