@@ -9,11 +9,12 @@ import torch
 
 from ponder.config import load_recipe
 from ponder.eval import evaluate, held_out_recipe
-from ponder.eval.gain import load_stage_pair, paired_gain, stage_gain
+from ponder.eval.gain import StagePair, load_stage_pair, paired_gain, searches_by_kind, stage_gain
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.demo import run_demo
 from ponder.train.report import demo_table
 from ponder.train.rl import prepare_policy
+from ponder.types import Trajectory
 
 TINY = [
     "model.name=tiny",
@@ -121,6 +122,18 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     assert sum(g.gain * g.n for g in by_kind) / one.n == pytest.approx(one.gain)
     with pytest.raises(FileNotFoundError, match="eval-nope.parquet: missing"):
         load_stage_pair(out, "nope", "sft")
+
+
+def test_searches_by_kind_hand_computed():
+    def episodes(counts):
+        return [Trajectory(f"t{i}", [], metrics={"searches": float(n)}) for i, n in enumerate(counts)]
+
+    pair = StagePair(episodes([0, 1, 2, 2]), episodes([0, 0, 1, 3]), ["a", "a", "b", "b"])
+    assert searches_by_kind([pair], "before") == {"a": 0.5, "b": 2.0}
+    assert searches_by_kind([pair], "after", at_least=1) == {"a": 0.0, "b": 1.0}
+    assert searches_by_kind([pair], "after", at_least=2) == {"a": 0.0, "b": 0.5}
+    # pooling a run with itself changes no share
+    assert searches_by_kind([pair, pair], "before", at_least=2) == searches_by_kind([pair], "before", at_least=2)
 
 
 def test_sampled_held_out_evaluation_is_seeded_and_differs_from_greedy():

@@ -83,12 +83,14 @@ def stage_gain(pairs: list[StagePair], kind: str | None = None) -> Gain:
     return paired_gain(before, after)
 
 
-def searches_by_kind(pairs: list[StagePair], stage: str) -> dict[str, float]:
-    """Mean searches per episode for each task kind at `stage` ('before' or 'after')."""
+def searches_by_kind(pairs: list[StagePair], stage: str, at_least: int | None = None) -> dict[str, float]:
+    """Mean searches per episode for each task kind at `stage` ('before' or 'after'),
+    or, with `at_least`, the share of its episodes that searched at least that often."""
     counts: dict[str, list[float]] = {}
     for pair in pairs:
         for trajectory, kind in zip(getattr(pair, stage), pair.kinds):
-            counts.setdefault(kind, []).append(trajectory.metrics.get("searches", 0.0))
+            searches = trajectory.metrics.get("searches", 0.0)
+            counts.setdefault(kind, []).append(searches if at_least is None else float(searches >= at_least))
     return {kind: mean(values) for kind, values in sorted(counts.items())}
 
 
@@ -97,17 +99,18 @@ def _reward(trajectory: Trajectory) -> float:
 
 
 def gain_table(pairs: list[StagePair], before: str, after: str) -> Table:
-    """Reward gain (all tasks, then per kind) and searches per episode before/after."""
+    """Reward gain (all tasks, then per kind); searches per episode and the share of
+    episodes that searched at least once / twice, before → after."""
     table = Table(title=f"{after} vs {before}: {len(pairs)} run(s), paired by task")
     headers = ["tasks", "n", before, after, "gain", "se (paired)", "se (unpaired)", "gain / se (unpaired)"]
-    headers.append("searches")
+    headers += ["searches", "searched ≥ 1", "searched ≥ 2"]
     for header in headers:
         table.add_column(header, justify="left" if header == "tasks" else "right")
     kinds = sorted({k for pair in pairs for k in pair.kinds})
-    searches_before, searches_after = searches_by_kind(pairs, "before"), searches_by_kind(pairs, "after")
+    moves = [(searches_by_kind(pairs, "before", n), searches_by_kind(pairs, "after", n)) for n in (None, 1, 2)]
     for kind in [None, *kinds]:
         g = stage_gain(pairs, kind)
-        moved = f"{searches_before[kind]:.2f} → {searches_after[kind]:.2f}" if kind else ""
+        moved = [f"{b[kind]:.2f} → {a[kind]:.2f}" if kind else "" for b, a in moves]
         cells = [g.n, g.before, g.after, g.gain, g.se_paired, g.se_unpaired, g.z]
-        table.add_row(kind or "all", *[f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells], moved)
+        table.add_row(kind or "all", *[f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells], *moved)
     return table
