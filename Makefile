@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ponder-installed
 
-.PHONY: install demo demo-quick test test-slow bench-setup bench bench-smoke clean
+.PHONY: install demo demo-quick test test-slow bench-setup bench bench-smoke bfcl-venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,22 @@ demo: install
 demo-quick: install
 	$(VENV)/bin/ponder demo --recipe recipes/demo.yaml --quick --out runs/demo-quick
 
-test: install
+test: install bfcl-venv
 	$(PY) -m pytest
+
+# The Berkeley Function Calling Leaderboard's data and checker in their own venv (bfcl-eval
+# pins numpy 1.26, faiss 1.11 …); ponder calls its checker in a subprocess (docs/tools.md).
+# The CPU torch wheel goes in first so sentence-transformers does not pull the CUDA build.
+BFCL_VENV ?= .venv-bfcl
+BFCL_STAMP := $(BFCL_VENV)/.bfcl-installed
+
+$(BFCL_STAMP):
+	$(PYTHON) -m venv $(BFCL_VENV)
+	$(BFCL_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(BFCL_VENV)/bin/python -m pip install --quiet bfcl-eval soundfile
+	touch $(BFCL_STAMP)
+
+bfcl-venv: $(BFCL_STAMP)
 
 # Long checks with the embedded model (not part of `make test`).
 test-slow: install
@@ -59,4 +73,4 @@ bench-smoke: bench-setup
 	$(PY) bench/grpo_vs_trl.py --smoke
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(BFCL_VENV) runs

@@ -127,6 +127,9 @@ class Turn:
     error: str | None = None
     n_action_tokens: int = 0
     n_observation_tokens: int = 0
+    # Names of the tools shown to the policy this turn when tools were retrieved per turn
+    # (empty: every tool was shown), so RL with retrieval in the loop knows what was offered.
+    offered_tools: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -236,6 +239,7 @@ def _parquet_schema():  # pyarrow is imported lazily: plain-data users need not 
             ("error", pa.string()),
             ("n_action_tokens", pa.int64()),
             ("n_observation_tokens", pa.int64()),
+            ("offered_tools", pa.list_(pa.string())),
         ]
     )
     return pa.schema(

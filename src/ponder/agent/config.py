@@ -72,6 +72,9 @@ class AgentConfig:
         by a one-paragraph summary of what was called and seen).
     tool_policy: the ToolPolicy used for tools not named in `tools`.
     tools: per-tool ToolPolicy by tool name.
+    retrieve_tools_topk: with a tool retriever given to the Agent, each turn's system
+        prompt lists only the k tools it ranks best for the task and the latest
+        observation (the `retrieve_tools` step); 0 lists every registered tool.
     """
 
     style: str = "hermes"
@@ -88,6 +91,7 @@ class AgentConfig:
     window_mode: str = "drop"
     tool_policy: ToolPolicy = field(default_factory=ToolPolicy)
     tools: dict[str, ToolPolicy] = field(default_factory=dict)
+    retrieve_tools_topk: int = 5
 
     def __post_init__(self) -> None:
         if self.style not in PARSERS:

@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ponder.agent.config import AgentConfig
 from ponder.agent.policy import ChatPolicy, PolicyError
@@ -32,6 +32,14 @@ from ponder.types import Turn
 logger = logging.getLogger(__name__)
 
 EventCallback = Callable[[str, Any], None]
+
+
+class ToolSelector(Protocol):
+    """Ranks tools for a query: `search(queries, topk)` → per query, hits with a `.spec`
+    (ponder.tools.retrieval.ToolIndex is one)."""
+
+    def search(self, queries: list[str], topk: int) -> list[list[Any]]: ...
+
 TRUNCATION_MARK = "…[truncated: {n} more characters]"
 _NUDGE = "No tool call and no answer found; call a tool or give your final answer."
 
@@ -51,8 +59,10 @@ class Agent:
         on_event: EventCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        tool_retriever: ToolSelector | None = None,
     ) -> None:
         self.policy = policy
+        self.tool_retriever = tool_retriever
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools or [])
         self.config = config or AgentConfig()
         self.on_event = on_event
@@ -133,6 +143,7 @@ class Agent:
         if reason is not None:
             return self._finish(state, STOPPED, reason, None)
         config = self.config
+        offered = self.retrieve_tools(state)
         shown = fit_window(state.messages, config.window_tokens, self.policy.count_tokens, config.window_mode)
         if sum(self.policy.count_tokens(str(m.get("content") or "")) for m in shown) > config.max_context_tokens:
             return self._finish(state, STOPPED, "max_context", None)
@@ -155,11 +166,32 @@ class Agent:
         state.messages.append({"role": "assistant", "content": action})
         parsed = self.parser.parse(action)
         state.turns.append(Turn(index=len(state.turns), action=action, answer=parsed.answer, error=parsed.error,
-                                tool_calls=list(parsed.calls), n_action_tokens=completion.completion_tokens))
+                                tool_calls=list(parsed.calls), n_action_tokens=completion.completion_tokens,
+                                offered_tools=offered))
         self._emit("action", action)
         state.pending_action = action
         state.pending_calls = list(parsed.calls)
         state.phase = "answering" if parsed.answer is not None else "calling_tools"
+
+    def retrieve_tools(self, state: AgentState) -> list[str]:
+        """The `retrieve_tools` step: with a tool retriever, rank the registered tools for
+        the task and the latest observation and rewrite the system prompt to list the top
+        `retrieve_tools_topk`; returns their names ([] when every tool is listed)."""
+        topk = self.config.retrieve_tools_topk
+        if self.tool_retriever is None or topk <= 0:
+            return []
+        query = state.task
+        if state.turns and state.turns[-1].observation:
+            query += "\n" + state.turns[-1].observation
+        hits = self.tool_retriever.search([query], topk)[0]
+        offered = [hit.spec.name for hit in hits if hit.spec.name in self.registry][:topk]
+        specs = {spec.name: spec for spec in self.registry.specs()}
+        config = self.config
+        state.messages[0]["content"] = system_prompt(config.style, [specs[name] for name in offered],
+                                                     config.instructions, config.answer_schema,
+                                                     state.memory.get("lessons"))
+        self._emit("tools_offered", offered)
+        return offered
 
     def _call_tools(self, state: AgentState, started: float) -> None:
         runner = ToolRunner(self.registry, self.config, lambda: self._remaining(state, started), self.sleep)
@@ -228,4 +260,4 @@ class Agent:
 def replace_config(agent: Agent, **changes: Any) -> Agent:
     """A copy of `agent` with some config fields changed (same policy and tools)."""
     config = dataclasses.replace(agent.config, **changes)
-    return Agent(agent.policy, agent.registry, config, agent.on_event, agent.clock, agent.sleep)
+    return Agent(agent.policy, agent.registry, config, agent.on_event, agent.clock, agent.sleep, agent.tool_retriever)

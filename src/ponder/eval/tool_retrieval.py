@@ -67,17 +67,18 @@ def training_examples(data: ToolRetrievalData, config: ContrastiveConfig) -> lis
     return mine_examples(pairs, data.train_tools, bm25.rank_names, config)
 
 
-RETRIEVER_ROWS = (
-    ("bm25", "bm25", None),
-    ("dense (base MiniLM)", "dense", "base"),
-    ("dense (fine-tuned)", "dense", "tuned"),
-    ("hybrid (BM25 + fine-tuned)", "hybrid", "tuned"),
-    ("hybrid (BM25 + base)", "hybrid", "base"),
+RETRIEVER_ROWS = (  # (key, label, kind, encoder)
+    ("bm25", "bm25", "bm25", None),
+    ("base", "dense (base MiniLM)", "dense", "base"),
+    ("tuned", "dense (fine-tuned)", "dense", "tuned"),
+    ("hybrid", "hybrid (BM25 + fine-tuned)", "hybrid", "tuned"),
+    ("hybrid-base", "hybrid (BM25 + base)", "hybrid", "base"),
 )
 
 
 def evaluate_retrievers(
-    data: ToolRetrievalData, tuned_encoder: Any = None, say: Callable[[str], None] = lambda _: None
+    data: ToolRetrievalData, tuned_encoder: Any = None, say: Callable[[str], None] = lambda _: None,
+    only: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """recall@1/5/10, MRR and nDCG@10 on the held-out and live queries for each retriever.
 
@@ -88,8 +89,8 @@ def evaluate_retrievers(
     encoders = {"base": None, "tuned": tuned_encoder}
     dense_embeddings: dict[str, Any] = {}
     rows = []
-    for label, kind, encoder_key in RETRIEVER_ROWS:
-        if encoder_key == "tuned" and tuned_encoder is None:
+    for key, label, kind, encoder_key in RETRIEVER_ROWS:
+        if (encoder_key == "tuned" and tuned_encoder is None) or (only and key not in only):
             continue
         started = time.perf_counter()
         embeddings = dense_embeddings.get(encoder_key) if encoder_key else None

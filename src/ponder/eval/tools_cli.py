@@ -29,7 +29,8 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
     from ponder.eval.tool_retrieval import training_examples
 
     config = ContrastiveConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
-                               hard_negatives=args.hard_negatives, max_steps=args.max_steps, seed=args.seed)
+                               hard_negatives=args.hard_negatives, max_steps=args.max_steps, seed=args.seed,
+                               max_seq_length=args.max_seq_length)
     data = _data(args)
     examples = training_examples(data, config)
     print(f"ponder tools train: {len(examples)} examples, {config.hard_negatives} hard negative(s) each", file=sys.stderr)
@@ -56,7 +57,7 @@ def cmd_tools_eval(args: argparse.Namespace) -> int:
         tuned = load_tool_encoder(args.encoder)
     elif args.encoder != DEFAULT_ENCODER_DIR:
         raise ValueError(f"{args.encoder}: no fine-tuned encoder there; train one with `ponder tools train`")
-    rows = evaluate_retrievers(data, tuned, say=lambda line: print(line, file=sys.stderr))
+    rows = evaluate_retrievers(data, tuned, say=lambda line: print(line, file=sys.stderr), only=args.only)
     print(retrieval_markdown(rows))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -101,11 +102,12 @@ def register(commands: Any) -> None:
     train = sub.add_parser("train", help="contrastive fine-tuning of the dense tool encoder")
     _split_options(train)
     train.add_argument("--out", default=DEFAULT_ENCODER_DIR, help=f"encoder directory (default {DEFAULT_ENCODER_DIR})")
-    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--epochs", type=int, default=1)
     train.add_argument("--batch-size", type=int, default=32)
     train.add_argument("--lr", type=float, default=5e-5)
     train.add_argument("--hard-negatives", type=int, default=1, help="mined negatives per example (0: in-batch only)")
     train.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: no limit)")
+    train.add_argument("--max-seq-length", type=int, default=64, help="token limit of texts while training (default 64)")
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(handler=cmd_tools_train)
 
@@ -113,6 +115,8 @@ def register(commands: Any) -> None:
     _split_options(evaluate)
     evaluate.add_argument("--encoder", default=DEFAULT_ENCODER_DIR, help="fine-tuned encoder directory")
     evaluate.add_argument("--out", help="also write the rows as JSON here")
+    evaluate.add_argument("--only", nargs="+", choices=["bm25", "base", "tuned", "hybrid", "hybrid-base"],
+                          help="compute only these rows (default: all; tuned rows need --encoder)")
     evaluate.set_defaults(handler=cmd_tools_eval)
 
     index = sub.add_parser("index", help="build a searchable index of every BFCL tool")
@@ -128,3 +132,47 @@ def register(commands: Any) -> None:
     search.add_argument("--encoder", help="encoder to embed the query with (default: the one the index names)")
     search.add_argument("--topk", type=int, default=5)
     search.set_defaults(handler=cmd_tools_search)
+    register_bench(commands)
+
+
+def cmd_bench_agent(args: argparse.Namespace) -> int:
+    from ponder.eval.bench_agent import grouped_metrics, markdown_table, write_report
+    from ponder.eval.bfcl.adapter import BfclRunConfig
+    from ponder.eval.bfcl.suite import run_bfcl_suite, to_agent_sample
+
+    config = BfclRunConfig(categories=tuple(args.categories), per_category=args.per_category, seed=args.seed,
+                           samples=args.samples, max_new_tokens=args.max_new_tokens)
+    if args.samples > 1 and args.temperature <= 0:
+        raise ValueError("--samples > 1 needs --temperature > 0 (greedy replies are all the same)")
+    options = {"temperature": args.temperature, "seed": args.seed}
+    results, header = run_bfcl_suite(args.model, config, args.retrieval_topk, args.retriever, args.encoder,
+                                     args.bfcl_venv, options, say=lambda line: print(line, file=sys.stderr, flush=True),
+                                     checkpoint=Path(args.out) / "samples.partial.jsonl")
+    ks = tuple(sorted({1, args.samples}))
+    samples = {name: [to_agent_sample(s) for s in group] for name, group in results.items()}
+    conditions = {name: grouped_metrics(group, ks) for name, group in samples.items()}
+    print(markdown_table(conditions, ks))
+    for path in write_report(conditions, samples, Path(args.out), ks, header):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def register_bench(commands: Any) -> None:
+    from ponder.eval.bfcl.data import ADAPTER_CATEGORIES
+
+    bench = commands.add_parser("bench-agent", help="run a policy on BFCL's single-turn categories, scored by BFCL's checker")
+    bench.add_argument("--suite", default="bfcl", choices=["bfcl"], help="benchmark suite (default bfcl)")
+    bench.add_argument("--model", default="smollm2-135m", help="oracle (replays possible answers), smollm2-135m, a model dir or URL")
+    bench.add_argument("--categories", nargs="+", default=list(ADAPTER_CATEGORIES))
+    bench.add_argument("--per-category", type=int, default=50, help="seeded subset size per category (0 = all)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--samples", type=int, default=1, help="replies per question (pass@k for k = 1 and this)")
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--max-new-tokens", type=int, default=256)
+    bench.add_argument("--retrieval-topk", type=int, nargs="+", default=[0],
+                       help="conditions: 0 = the question's own functions, k = top-k tools retrieved from all BFCL tools")
+    bench.add_argument("--retriever", default="hybrid", choices=["bm25", "dense", "hybrid"])
+    bench.add_argument("--encoder", help="dense encoder directory (default: the packaged all-MiniLM-L6-v2)")
+    bench.add_argument("--bfcl-venv", default=".venv-bfcl")
+    bench.add_argument("--out", default="runs/bench-agent", help="writes results.json, results.md, success.png")
+    bench.set_defaults(handler=cmd_bench_agent)

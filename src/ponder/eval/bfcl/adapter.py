@@ -156,16 +156,15 @@ def run_category(
     offered = [offered_functions(q, corpus, names) for q, names in zip(questions, retrieved)]
     entries = [{"id": q.id, "question": [q.messages], "function": f} for q, f in zip(questions, offered)]
     chats = bridge.prompts(category, entries)
+    jobs = [(q, f, chat, index) for q, f, chat in zip(questions, offered, chats) for index in range(config.samples)]
+    replies = complete_all(policy, [(chat, f"{q.id}#{index}") for q, _, chat, index in jobs], config)
     samples, items = [], []
-    for question, functions, chat in zip(questions, offered, chats):
-        for index in range(config.samples):
-            started = time.perf_counter()
-            completion = policy.complete(chat, [], config.max_new_tokens, f"{question.id}#{index}")
-            samples.append(BfclSample(question.id, category, index, completion.text, False, "", [],
-                                      sorted(question.answer_names_list()), [f["name"] for f in functions],
-                                      oracle_reply(question), time.perf_counter() - started))
-            items.append({"id": question.id, "text": completion.text, "function": question.functions,
-                          "ground_truth": question.ground_truth})
+    for (question, functions, _, index), (text, seconds) in zip(jobs, replies):
+        samples.append(BfclSample(question.id, category, index, text, False, "", [],
+                                  sorted(question.answer_names_list()), [f["name"] for f in functions],
+                                  oracle_reply(question), seconds))
+        items.append({"id": question.id, "text": text, "function": question.functions,
+                      "ground_truth": question.ground_truth})
     for sample, verdict in zip(samples, bridge.check(category, items)):
         sample.valid, sample.error_type = verdict["valid"], verdict.get("error_type") or ""
         decoded = verdict.get("decoded")
@@ -176,3 +175,27 @@ def run_category(
 def _is_call(item: Any) -> bool:
     """BFCL's decoded call shape: {name: {argument: value}}."""
     return isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item.values())), dict)
+
+
+def complete_all(policy: ChatPolicy, chats: list[tuple[list[dict[str, Any]], str]], config: BfclRunConfig,
+                 batch_size: int = 8) -> list[tuple[str, float]]:
+    """(reply, seconds) per (chat, key). A local model answers `batch_size` chats per
+    batched generation (much cheaper per reply on CPU); seconds is the batch's time share."""
+    from ponder.agent.policy import BackendPolicy
+    from ponder.rollout.backend import GenerationRequest
+
+    replies: list[tuple[str, float]] = []
+    if not isinstance(policy, BackendPolicy):
+        for chat, key in chats:
+            started = time.perf_counter()
+            text = policy.complete(chat, [], config.max_new_tokens, key).text
+            replies.append((text, time.perf_counter() - started))
+        return replies
+    for start in range(0, len(chats), batch_size):
+        chunk = chats[start : start + batch_size]
+        started = time.perf_counter()
+        requests = [GenerationRequest(key, policy.render(chat), config.max_new_tokens) for chat, key in chunk]
+        generations = policy.backend.generate(requests, [])
+        share = (time.perf_counter() - started) / len(chunk)
+        replies.extend((generation.text, share) for generation in generations)
+    return replies

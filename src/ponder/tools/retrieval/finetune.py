@@ -41,13 +41,13 @@ class ContrastiveConfig:
     seed: example order and batching.
     """
 
-    epochs: int = 2
+    epochs: int = 1
     batch_size: int = 32
     learning_rate: float = 5e-5
     warmup_fraction: float = 0.1
     hard_negatives: int = 1
     mine_depth: int = 10
-    max_seq_length: int = 128
+    max_seq_length: int = 64
     scale: float = 20.0
     max_steps: int = 0
     seed: int = 0
@@ -108,7 +108,7 @@ def batches_without_duplicates(examples: list[ContrastiveExample], batch_size: i
 
 def _features(model: Any, texts: list[str]) -> dict[str, Any]:
     features = model.tokenize(texts)
-    return {key: value.to(model.device) for key, value in features.items()}
+    return {key: value.to(model.device) if hasattr(value, "to") else value for key, value in features.items()}
 
 
 def contrastive_step(model: Any, loss_fn: Any, batch: list[ContrastiveExample]) -> Any:
