@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,9 @@ class BfclBridge:
 
     def __enter__(self) -> BfclBridge:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        # bfcl-eval reads a .env file and API keys at import; an empty project root keeps it local.
-        env.setdefault("BFCL_PROJECT_ROOT", str(Path.cwd() / "runs" / "bfcl-root"))
+        # bfcl-eval keeps results, scores and a .env under its project root; an empty
+        # directory of ponder's own keeps it from writing into its site-packages.
+        env.setdefault("BFCL_PROJECT_ROOT", str(Path(tempfile.gettempdir()) / "ponder-bfcl-root"))
         Path(env["BFCL_PROJECT_ROOT"]).mkdir(parents=True, exist_ok=True)
         self._process = subprocess.Popen(
             [str(self.python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
