@@ -174,10 +174,14 @@ def _add_pipeline_command(commands: Any) -> None:
 def cmd_gain(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ponder.eval.gain import gain_table, load_stage_pair
+    from ponder.eval.gain import gain_table, load_stage_pair, runs_table
 
     pairs = [load_stage_pair(run, args.before, args.after) for run in args.runs]
-    Console(width=None if sys.stdout.isatty() else 140).print(gain_table(pairs, args.before, args.after))
+    if args.each:
+        table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after)
+    else:
+        table = gain_table(pairs, args.before, args.after)
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
     return 0
 
 
@@ -214,6 +218,8 @@ def _add_training_commands(commands: Any) -> None:
     gain.add_argument("runs", nargs="+", metavar="RUN_DIR", help="`ponder demo` output directories")
     gain.add_argument("--before", default="sft", choices=["base", "sft", "rl"], help="baseline stage (default sft)")
     gain.add_argument("--after", default="rl", choices=["base", "sft", "rl"], help="stage compared (default rl)")
+    gain.add_argument("--each", action="store_true",
+                      help="one row per run instead of pooling (compare algorithms or settings side by side)")
     gain.set_defaults(handler=cmd_gain)
 
 

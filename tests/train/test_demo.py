@@ -9,7 +9,7 @@ import torch
 
 from ponder.config import load_recipe
 from ponder.eval import evaluate, held_out_recipe
-from ponder.eval.gain import StagePair, load_stage_pair, paired_gain, searches_by_kind, stage_gain
+from ponder.eval.gain import StagePair, load_stage_pair, paired_gain, runs_table, searches_by_kind, stage_gain
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.demo import run_demo
 from ponder.train.report import demo_table
@@ -134,6 +134,21 @@ def test_searches_by_kind_hand_computed():
     assert searches_by_kind([pair], "after", at_least=2) == {"a": 0.0, "b": 0.5}
     # pooling a run with itself changes no share
     assert searches_by_kind([pair, pair], "before", at_least=2) == searches_by_kind([pair], "before", at_least=2)
+
+
+def test_runs_table_has_one_row_per_run_with_its_own_gain():
+    def episodes(rewards, searches):
+        return [Trajectory(f"t{i}", [], reward=r, metrics={"searches": float(n)})
+                for i, (r, n) in enumerate(zip(rewards, searches))]
+
+    better = StagePair(episodes([0.0, 1.0], [1, 1]), episodes([1.0, 1.0], [0, 2]), ["a", "b"])
+    worse = StagePair(episodes([1.0, 1.0], [1, 1]), episodes([0.0, 1.0], [1, 1]), ["a", "b"])
+    table = runs_table([better, worse], ["up", "down"], "sft", "rl")
+    cells = {column.header: list(column._cells) for column in table.columns}
+    assert cells["run"] == ["up", "down"]
+    assert cells["gain"] == ["0.500", "-0.500"]
+    assert cells["searches a"] == ["1.00 → 0.00", "1.00 → 1.00"]
+    assert cells["searches b"] == ["1.00 → 2.00", "1.00 → 1.00"]
 
 
 def test_sampled_held_out_evaluation_is_seeded_and_differs_from_greedy():

@@ -114,3 +114,19 @@ def gain_table(pairs: list[StagePair], before: str, after: str) -> Table:
         cells = [g.n, g.before, g.after, g.gain, g.se_paired, g.se_unpaired, g.z]
         table.add_row(kind or "all", *[f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells], *moved)
     return table
+
+
+def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str) -> Table:
+    """One row per run: its reward gain and, per task kind, searches per episode after."""
+    table = Table(title=f"{after} vs {before}, per run, paired by task")
+    kinds = sorted({k for pair in pairs for k in pair.kinds})
+    headers = ["run", "n", before, after, "gain", "se (paired)", "se (unpaired)", *[f"searches {k}" for k in kinds]]
+    for header in headers:
+        table.add_column(header, justify="left" if header == "run" else "right")
+    for name, pair in zip(names, pairs):
+        g = stage_gain([pair])
+        before_s, after_s = searches_by_kind([pair], "before"), searches_by_kind([pair], "after")
+        moved = [f"{before_s[k]:.2f} → {after_s[k]:.2f}" if k in after_s else "" for k in kinds]
+        cells = [f"{c:.3f}" for c in (g.before, g.after, g.gain, g.se_paired, g.se_unpaired)]
+        table.add_row(name, str(g.n), *cells, *moved)
+    return table
