@@ -123,3 +123,15 @@ def test_sampled_preferences_keep_best_over_worst_only():
     best, worst = pairs[0]
     assert best.final_answer == answer and worst.final_answer == "wrong" and best.reward > worst.reward
     assert best_worst_pairs([worst, worst]) == []
+
+
+def test_rl_stage_trains_with_the_agent_reward(tmp_path):
+    extra = ["pipeline.stages=[rl]", "pipeline.eval_before=false", "pipeline.eval_each=false", "train.steps=1",
+             "train.tasks_per_step=2", "rollout.group_size=2", "train.save_every=1"]  # fmt: skip
+    stages = run_pipeline(_recipe(extra), tmp_path, say=lambda _: None)
+    assert stages == []  # no evaluation asked for
+    report = json.loads((tmp_path / "00-rl" / "done.json").read_text())
+    assert report == {"resumed_from": 0, "steps": 1, "wall_s": report["wall_s"]}
+    logged = json.loads((tmp_path / "00-rl" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "reward/mean" in logged or any(key.startswith("reward") for key in logged)
+    assert (tmp_path / "00-rl" / "weights.pt").is_file()

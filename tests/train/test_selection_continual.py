@@ -111,3 +111,11 @@ def test_forgetting_metrics_by_hand():
     assert metrics["FWT"] == pytest.approx(((0.1 - 0.1) + (0.2 - 0.1)) / 2)
     with pytest.raises(ValueError, match="square matrix"):
         forgetting_metrics([[1.0]])
+
+
+def test_paired_difference_by_hand():
+    from ponder.eval.agent_metrics import paired_difference
+
+    mean, se, n = paired_difference({"a": 0.0, "b": 1.0, "c": 0.5, "x": 9.0}, {"a": 1.0, "b": 1.0, "c": 1.5})
+    assert (n, mean) == (3, pytest.approx(2 / 3))  # differences 1, 0, 1; "x" has no pair
+    assert se == pytest.approx(((1 / 9 + 4 / 9 + 1 / 9) / 2 / 3) ** 0.5)

@@ -70,6 +70,22 @@ def forgetting_metrics(accuracy: list[list[float]], baseline: list[float] | None
     return result
 
 
+def paired_difference(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
+    """(mean of after − before, its standard error, n) over the keys (task ids) both hold.
+
+    Pairing by task removes the between-task variance, so two stages evaluated on the
+    same held-out tasks are compared by their per-task differences.
+    """
+    keys = sorted(set(before) & set(after))
+    differences = [after[k] - before[k] for k in keys]
+    n = len(differences)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    centre = sum(differences) / n
+    se = math.sqrt(sum((d - centre) ** 2 for d in differences) / (n - 1) / n) if n > 1 else float("nan")
+    return centre, se, n
+
+
 def stage_table_rows(stages: list[tuple[str, dict[str, Any]]]) -> list[list[str]]:
     """Rows (stage, metric values formatted) for the per-stage table."""
     return [[name] + [_fmt(metrics.get(key)) for key in STAGE_COLUMNS] for name, metrics in stages]

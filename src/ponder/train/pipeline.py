@@ -11,6 +11,7 @@ merged in); an interrupted one resumes from its latest checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -385,11 +386,19 @@ def _last(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 def stage_table_markdown(stages: list[tuple[str, dict[str, Any]]]) -> str:
-    """One row per stage: what each stage bought on the held-out tasks."""
-    from ponder.eval.agent_metrics import STAGE_COLUMNS, stage_table_rows
+    """One row per stage (what each stage bought on the held-out tasks), then the
+    agent-reward gain of each stage over the one before, paired by task."""
+    from ponder.eval.agent_metrics import STAGE_COLUMNS, paired_difference, stage_table_rows
 
     header = "| stage | " + " | ".join(STAGE_COLUMNS) + " |"
     rule = "|" + "---|" * (len(STAGE_COLUMNS) + 1)
-    return (
-        "\n".join([header, rule] + ["| " + " | ".join(row) + " |" for row in stage_table_rows(stages)]) + "\n"
-    )
+    lines = [header, rule] + ["| " + " | ".join(row) + " |" for row in stage_table_rows(stages)]
+    gains = []
+    for (before, old), (after, new) in itertools.pairwise(stages):
+        per_task = "per_task_agent_reward"
+        mean, se, n = paired_difference(old.get(per_task, {}), new.get(per_task, {}))
+        if n:
+            gains.append(f"| {after} − {before} | {mean:+.3f} | {se:.3f} | {n} |")
+    if gains:
+        lines += ["", "| agent reward gain | mean | paired se | tasks |", "|---|---|---|---|"] + gains
+    return "\n".join(lines) + "\n"
