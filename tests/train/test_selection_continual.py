@@ -119,3 +119,31 @@ def test_paired_difference_by_hand():
     mean, se, n = paired_difference({"a": 0.0, "b": 1.0, "c": 0.5, "x": 9.0}, {"a": 1.0, "b": 1.0, "c": 1.5})
     assert (n, mean) == (3, pytest.approx(2 / 3))  # differences 1, 0, 1; "x" has no pair
     assert se == pytest.approx(((1 / 9 + 4 / 9 + 1 / 9) / 2 / 3) ** 0.5)
+
+
+def test_diagonal_fisher_of_the_tiny_model_matches_per_example_autograd():
+    from ponder.config import LoraConfig
+    from ponder.models import apply_lora, tiny_policy
+
+    policy = apply_lora(tiny_policy(), LoraConfig(r=2, alpha=4))
+    for name, param in policy.model.named_parameters():
+        if "lora_B" in name:  # non-zero B so every adapter weight has a gradient
+            torch.nn.init.normal_(param, std=0.1, generator=torch.Generator().manual_seed(1))
+    ids = policy.tokenizer.encode("<answer>the answer</answer> search query")
+    examples = [
+        TokenizedExample(ids, [0, 0] + [1] * (len(ids) - 2)),
+        TokenizedExample(ids[:5], [0, 1, 1, 0, 1]),
+    ]
+    fisher = diagonal_fisher(policy, examples)
+    named = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
+    expected = {n: torch.zeros_like(p) for n, p in named.items()}
+    for example in examples:  # by hand: log-softmax of the plain forward, summed over masked targets
+        tokens = torch.tensor([example.input_ids])
+        logp = torch.log_softmax(policy.model(input_ids=tokens).logits[0, :-1], -1)
+        picked = logp.gather(-1, tokens[0, 1:, None])[:, 0]
+        loglik = (picked * torch.tensor(example.loss_mask[1:], dtype=torch.float)).sum()
+        for (name, _), grad in zip(named.items(), torch.autograd.grad(loglik, list(named.values()))):
+            expected[name] += grad**2 / len(examples)
+    assert fisher.keys() == expected.keys()
+    for name in fisher:
+        assert torch.allclose(fisher[name], expected[name], rtol=1e-4, atol=1e-9), name
