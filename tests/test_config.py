@@ -6,6 +6,7 @@ from ponder.config import (
     ConfigError,
     EnvConfig,
     ModelConfig,
+    PipelineRecipe,
     Recipe,
     RolloutConfig,
     SamplingConfig,
@@ -231,5 +232,7 @@ def _recipe_files() -> list:
 
 @pytest.mark.parametrize("path", _recipe_files())
 def test_every_shipped_recipe_loads(path):
-    recipe = load_recipe(path)
-    assert isinstance(recipe, Recipe)
+    # pipeline recipes (`ponder pipeline run`) add the pipeline's sections to a Recipe
+    cls = PipelineRecipe if path.name.startswith("pipeline_") else Recipe
+    recipe = load_recipe(path, cls=cls)
+    assert isinstance(recipe, cls)
