@@ -34,14 +34,14 @@ test: install bfcl-venv
 
 # The Berkeley Function Calling Leaderboard's data and checker in their own venv (bfcl-eval
 # pins numpy 1.26, faiss 1.11 …); ponder calls its checker in a subprocess (docs/tools.md).
-# The CPU torch wheel goes in first so sentence-transformers does not pull the CUDA build.
+# torch is resolved together with bfcl-eval (pinned to the CPU build): installed first and
+# alone, a later resolve upgraded it to a 6 GB CUDA build for sentence-transformers.
 BFCL_VENV ?= .venv-bfcl
 BFCL_STAMP := $(BFCL_VENV)/.bfcl-installed
 
 $(BFCL_STAMP):
 	$(PYTHON) -m venv $(BFCL_VENV)
-	$(BFCL_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(BFCL_VENV)/bin/python -m pip install --quiet bfcl-eval soundfile
+	$(BFCL_VENV)/bin/python -m pip install --quiet torch==2.13.0 bfcl-eval==2026.3.23 soundfile==0.14.0
 	touch $(BFCL_STAMP)
 
 bfcl-venv: $(BFCL_STAMP)
