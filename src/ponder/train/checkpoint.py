@@ -63,3 +63,27 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     # weights_only=False: RNG states hold numpy arrays and python tuples we wrote ourselves.
     return {file.stem: torch.load(file, weights_only=False) for file in sorted(Path(path).glob("*.pt"))}
+
+
+def save_training_state(run_dir: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+                        trainer: dict[str, Any]) -> Path:
+    """A supervised trainer's checkpoint: trainable weights, optimizer, scheduler and
+    the trainer's own state (step, data order, RNG …)."""
+    objects = {"weights": trainable_state(model), "optimizer": optimizer.state_dict(),
+               "scheduler": scheduler.state_dict(), "trainer": trainer}  # fmt: skip
+    return save_checkpoint(run_dir, step, objects)
+
+
+def restore_training_state(
+    run_dir: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any
+) -> dict[str, Any] | None:
+    """Load the latest checkpoint of `save_training_state` into model, optimizer and
+    scheduler; returns the trainer state, or None when run_dir has no checkpoint."""
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        return None
+    state = load_checkpoint(path)
+    model.load_state_dict(state["weights"], strict=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state["trainer"]

@@ -21,14 +21,7 @@ from ponder.data.format import TokenizedExample
 from ponder.models.logprobs import adapters_disabled
 from ponder.models.value_head import forward_policy
 from ponder.train.batch import collate
-from ponder.train.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    trainable_state,
-)
+from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.types import Task, Trajectory
@@ -208,29 +201,13 @@ class DPOTrainer:
         return metrics
 
     def save(self) -> Path:
-        trainer = {
-            "step": self.step,
-            "order": list(self.order),
-            "rng": self.rng.getstate(),
-            "global_rng": rng_state(),
-        }
-        objects = {
-            "weights": trainable_state(self.policy.model),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "trainer": trainer,
-        }
-        return save_checkpoint(self.run_dir, self.step, objects)
+        trainer = {"step": self.step, "order": list(self.order), "rng": self.rng.getstate(), "global_rng": rng_state()}
+        return save_training_state(self.run_dir, self.step, self.policy.model, self.optimizer, self.scheduler, trainer)
 
     def resume(self) -> int:
-        path = latest_checkpoint(self.run_dir)
-        if path is None:
+        trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
+        if trainer is None:
             return 0
-        state = load_checkpoint(path)
-        self.policy.model.load_state_dict(state["weights"], strict=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        trainer = state["trainer"]
         self.step, self.order = trainer["step"], list(trainer["order"])
         self.rng.setstate(trainer["rng"])
         set_rng_state(trainer["global_rng"])

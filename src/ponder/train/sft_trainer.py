@@ -18,14 +18,7 @@ from ponder.config import OptimConfig, SFTTrainerConfig
 from ponder.data.format import TokenizedExample, pack
 from ponder.models.value_head import forward_policy
 from ponder.train.batch import collate
-from ponder.train.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    trainable_state,
-)
+from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
 from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
@@ -174,24 +167,13 @@ class SFTTrainer:
         trainer = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
         if self.inputs.replay is not None:
             trainer["replay"] = self.inputs.replay.state_dict()
-        objects = {
-            "weights": trainable_state(self.policy.model),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "trainer": trainer,
-        }
-        return save_checkpoint(self.run_dir, self.step, objects)
+        return save_training_state(self.run_dir, self.step, self.policy.model, self.optimizer, self.scheduler, trainer)
 
     def resume(self) -> int:
         """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
-        path = latest_checkpoint(self.run_dir)
-        if path is None:
+        trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
+        if trainer is None:
             return 0
-        state = load_checkpoint(path)
-        self.policy.model.load_state_dict(state["weights"], strict=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        trainer = state["trainer"]
         self.step = trainer["step"]
         self.sampler.load_state_dict(trainer["sampler"])
         if self.inputs.replay is not None and "replay" in trainer:
