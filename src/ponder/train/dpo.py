@@ -201,8 +201,10 @@ class DPOTrainer:
         return metrics
 
     def save(self) -> Path:
-        trainer = {"step": self.step, "order": list(self.order), "rng": self.rng.getstate(), "global_rng": rng_state()}
-        return save_training_state(self.run_dir, self.step, self.policy.model, self.optimizer, self.scheduler, trainer)
+        trainer = {"step": self.step, "order": list(self.order), "rng": self.rng.getstate(),
+                   "global_rng": rng_state()}  # fmt: skip
+        model, optimizer, scheduler = self.policy.model, self.optimizer, self.scheduler
+        return save_training_state(self.run_dir, self.step, model, optimizer, scheduler, trainer)
 
     def resume(self) -> int:
         trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)

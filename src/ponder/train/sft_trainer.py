@@ -167,7 +167,8 @@ class SFTTrainer:
         trainer = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
         if self.inputs.replay is not None:
             trainer["replay"] = self.inputs.replay.state_dict()
-        return save_training_state(self.run_dir, self.step, self.policy.model, self.optimizer, self.scheduler, trainer)
+        model, optimizer, scheduler = self.policy.model, self.optimizer, self.scheduler
+        return save_training_state(self.run_dir, self.step, model, optimizer, scheduler, trainer)
 
     def resume(self) -> int:
         """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
