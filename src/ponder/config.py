@@ -167,11 +167,15 @@ class EvalConfig:
     temperature: 0 = greedy decoding; > 0 = one sampled episode per task at this
         temperature (seeded with rollout.seed, so two evaluations of different
         policies draw the same random numbers): the policy RL actually optimises.
+    batch_size: episodes generated together during evaluation; 0 = rollout.batch_size.
+        Decoding a small model on CPU is memory-bound, so a large batch (e.g. every
+        episode at once) is several times faster per episode.
     out: output directory for trajectories.parquet and metrics.json.
     """
 
     episodes: int = 32
     temperature: float = 0.0
+    batch_size: int = 0
     out: str = "runs/eval"
 
 

@@ -136,14 +136,17 @@ def test_multi_hop_chain_links_up(world):
         assert docs[second["subject_id"]].startswith(first["object"] + "\n")
 
 
-def test_in_prompt_context_has_fact_and_one_distractor(world):
+def test_in_prompt_context_has_fact_and_one_distractor_about_private_people(world):
     docs = _docs(world)
+    corpus_text = "\n".join(docs.values())
     for task in (t for t in world.train + world.eval if t.kind == "in_prompt"):
-        subject = docs[task.metadata["subject_id"]].split("\n")[0]
-        distractor = docs[task.metadata["distractor_id"]].split("\n")[0]
-        assert subject != distractor
+        subject, distractor = task.metadata["subject_id"], task.metadata["distractor_id"]
+        assert subject != distractor and subject.startswith("private-") and distractor.startswith("private-")
         assert task.context.count(".") == 2
-        assert subject in task.context and distractor in task.context
+        assert task.metadata["hops"][0]["fact"] + "." in task.context
+        # a private person is in no document, so searching for them cannot help
+        name = task.metadata["hops"][0]["fact"].split(" was ")[0].split(" works ")[0]
+        assert name in task.question and name not in corpus_text
 
 
 def test_oracle_actions_are_optimal_protocol_episodes(world):
@@ -155,8 +158,8 @@ def test_oracle_actions_are_optimal_protocol_episodes(world):
         final = re.search(r"<answer>(.*)</answer>", task.oracle_actions[-1]).group(1)
         assert final == task.answers[0]
         queries = [re.search(r"<search>(.*)</search>", a).group(1) for a in task.oracle_actions[:-1]]
-        titles = [docs[e].split("\n")[0] for e in task.metadata["entities"]]
-        assert queries == titles[: len(queries)]
+        titles = [docs[e].split("\n")[0] for e in task.metadata["entities"][: len(queries)]]
+        assert queries == titles
         turns = [Turn(index=i, action=a) for i, a in enumerate(task.oracle_actions)]
         assert format_compliance(Trajectory(task_id=task.id, prompt_ids=[], turns=turns), task) == 1.0
 

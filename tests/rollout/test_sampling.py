@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from ponder.rollout.backend import first_stop, sample_tokens
+from ponder.rollout.backend import draw_from, first_stop, sample_tokens
 
 
 def logits_batch() -> torch.Tensor:
@@ -94,3 +94,21 @@ def test_same_generator_seed_gives_same_tokens():
 )
 def test_first_stop(text, stops, expected):
     assert first_stop(text, stops) == expected
+
+
+def test_draw_from_follows_the_distribution_and_never_draws_zero_mass():
+    # rows need not be normalised: [1, 2, 0, 7] is 0.1 / 0.2 / 0 / 0.7
+    probs = torch.tensor([[1.0, 2.0, 0.0, 7.0]]).expand(20_000, 4).contiguous()
+    drawn = draw_from(probs, torch.Generator().manual_seed(0))
+    share = torch.bincount(drawn, minlength=4).float() / len(drawn)
+    assert share[2] == 0.0
+    # binomial se of a share p over 20k draws is at most 0.0036: 4 se is 0.015
+    assert torch.allclose(share, torch.tensor([0.1, 0.2, 0.0, 0.7]), atol=0.015)
+
+
+def test_draw_from_single_mass_row_and_row_order_invariance():
+    one_hot = torch.zeros(3, 10)
+    one_hot[0, 9], one_hot[1, 0], one_hot[2, 4] = 1.0, 1.0, 1.0
+    assert draw_from(one_hot, torch.Generator().manual_seed(1)).tolist() == [9, 0, 4]
+    # each row is drawn with its own uniform: reversing the rows reverses the draws of one-hot rows
+    assert draw_from(one_hot.flip(0), torch.Generator().manual_seed(1)).tolist() == [4, 0, 9]

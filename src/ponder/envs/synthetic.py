@@ -8,8 +8,10 @@ question only involves people of its own split, so eval is held out.
 Task kinds:
 - single_hop: one fact of one person or company (one search).
 - multi_hop: a fact of the entity linked to the subject (two searches).
-- in_prompt: a person's fact stated in `task.context` beside a distractor
-  sentence, so the right move is to answer without searching.
+- in_prompt: a fact of a *private* person, stated in `task.context` beside a
+  distractor sentence about another private person. Private people are in no
+  corpus document (like a user's own notes), so searching cannot help: the right
+  move is to answer from the context without searching.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ponder.types import Task
 
 KINDS = ("single_hop", "multi_hop", "in_prompt")
 EVAL_FRACTION = 0.2
-MIN_PEOPLE = 10  # eval then holds at least two people, so in_prompt has a distractor
+MIN_PEOPLE = 10  # eval then holds at least two private people, so in_prompt has a distractor
 
 _ONSETS = (
     "b", "br", "d", "dr", "f", "g", "h", "k", "l", "m", "n", "p", "qu", "r", "s", "sh", "t", "th", "v", "z",
@@ -103,19 +105,25 @@ def generate_world(cfg: TaskGenConfig) -> SyntheticWorld:
     """Build the world, corpus and train/eval tasks from `cfg.seed` alone."""
     _check_config(cfg)
     rng = random.Random(cfg.seed)
-    entities = _build_entities(cfg.n_people, rng)
+    used = _reserved_words()
+    entities = _build_entities(cfg.n_people, rng, used)
     corpus = [{"id": e.id, "contents": _document(e, entities)} for e in entities.values()]
-    people = [e for e in entities.values() if e.kind == "person"]
-    rng.shuffle(people)
-    n_eval_people = max(1, round(EVAL_FRACTION * len(people)))
-    splits = {
-        "eval": sorted(p.id for p in people[:n_eval_people]),
-        "train": sorted(p.id for p in people[n_eval_people:]),
-    }
+    public = _split_people([e for e in entities.values() if e.kind == "person"], rng)
+    private_people = _private_people(cfg.n_people, entities, rng, used)
+    private = _split_people(private_people, rng)
+    entities.update((p.id, p) for p in private_people)
     weights = {"single_hop": cfg.single_hop, "multi_hop": cfg.multi_hop, "in_prompt": cfg.in_prompt}
-    train = _make_split("train", splits["train"], cfg.n_train, weights, entities, rng)
-    held_out = _make_split("eval", splits["eval"], cfg.n_eval, weights, entities, rng)
+    train = _make_split("train", public["train"], private["train"], cfg.n_train, weights, entities, rng)
+    held_out = _make_split("eval", public["eval"], private["eval"], cfg.n_eval, weights, entities, rng)
     return SyntheticWorld(corpus=corpus, train=train, eval=held_out)
+
+
+def _split_people(people: list[Entity], rng: random.Random) -> dict[str, list[str]]:
+    """Person ids split ~80/20 into train and eval, each sorted."""
+    people = list(people)
+    rng.shuffle(people)
+    n_eval = max(1, round(EVAL_FRACTION * len(people)))
+    return {"eval": sorted(p.id for p in people[:n_eval]), "train": sorted(p.id for p in people[n_eval:])}
 
 
 def _check_config(cfg: TaskGenConfig) -> None:
@@ -159,24 +167,24 @@ def _unique_word(rng: random.Random, used: set[str]) -> str:
     raise RuntimeError("ran out of unique names; lower taskgen.n_people")
 
 
-def _build_entities(n_people: int, rng: random.Random) -> dict[str, Entity]:
+def _new_person(entity_id: str, cities: list[Entity], rng: random.Random, used: set[str]) -> Entity:
+    """A person with a name, birth city, birth year and profession (no employer yet)."""
+    person = Entity(entity_id, "person", f"{_unique_word(rng, used)} {_unique_word(rng, used)}")
+    city = rng.choice(cities)
+    person.facts.update(
+        birth_city=city.name, birth_year=str(rng.randint(1940, 1999)), profession=rng.choice(_PROFESSIONS)
+    )
+    person.links["birth_city"] = city.id
+    return person
+
+
+def _build_entities(n_people: int, rng: random.Random, used: set[str]) -> dict[str, Entity]:
     """People, companies (~n/4) and cities (~n/6) with consistent facts, keyed by id."""
-    used = _reserved_words()
     width = max(3, len(str(n_people)))
     cities = [
         Entity(f"city-{i:0{width}d}", "city", _unique_word(rng, used)) for i in range(max(3, n_people // 6))
     ]
-    people = []
-    for i in range(n_people):
-        person = Entity(
-            f"person-{i:0{width}d}", "person", f"{_unique_word(rng, used)} {_unique_word(rng, used)}"
-        )
-        city = rng.choice(cities)
-        person.facts.update(
-            birth_city=city.name, birth_year=str(rng.randint(1940, 1999)), profession=rng.choice(_PROFESSIONS)
-        )
-        person.links["birth_city"] = city.id
-        people.append(person)
+    people = [_new_person(f"person-{i:0{width}d}", cities, rng, used) for i in range(n_people)]
     founders = rng.sample(people, max(2, n_people // 4))
     companies = []
     for i, founder in enumerate(founders):
@@ -195,6 +203,19 @@ def _build_entities(n_people: int, rng: random.Random) -> dict[str, Entity]:
         person.facts["employer"] = employer.name
         person.links["employer"] = employer.id
     return {e.id: e for e in people + companies + cities}
+
+
+def _private_people(n: int, entities: dict[str, Entity], rng: random.Random, used: set[str]) -> list[Entity]:
+    """n people of the same world (cities, employers) who appear in no document."""
+    cities = [e for e in entities.values() if e.kind == "city"]
+    companies = [e for e in entities.values() if e.kind == "company"]
+    width = max(3, len(str(n)))
+    people = [_new_person(f"private-{i:0{width}d}", cities, rng, used) for i in range(n)]
+    for person in people:
+        employer = rng.choice(companies)
+        person.facts["employer"] = employer.name
+        person.links["employer"] = employer.id
+    return people
 
 
 def _with_article(noun: str) -> str:
@@ -242,9 +263,12 @@ def kind_counts(n: int, weights: dict[str, float]) -> dict[str, int]:
     return counts
 
 
-def _question_pools(person_ids: list[str], entities: dict[str, Entity]) -> dict[str, list[tuple]]:
+def _question_pools(
+    person_ids: list[str], private_ids: list[str], entities: dict[str, Entity]
+) -> dict[str, list[tuple]]:
     """Every (subject id, relation or (bridge, target)) question a split may ask.
-    A company belongs to its founder's split, so no hop chain crosses splits by a person."""
+    A company belongs to its founder's split, so no hop chain crosses splits by a person;
+    in_prompt questions are about the split's private people."""
     members = set(person_ids)
     company_ids = [e.id for e in entities.values() if e.kind == "company" and e.links["founder"] in members]
     single = [(p, r) for p in person_ids for r in PERSON_RELATIONS]
@@ -252,7 +276,7 @@ def _question_pools(person_ids: list[str], entities: dict[str, Entity]) -> dict[
     chains = list(MULTI_HOP_QUESTIONS)
     multi = [(p, chain) for p in person_ids for chain in chains if chain[0] == "employer"]
     multi += [(c, chain) for c in company_ids for chain in chains if chain[0] == "founder"]
-    in_prompt = [(p, r) for p in person_ids for r in PERSON_RELATIONS]
+    in_prompt = [(p, r) for p in private_ids for r in PERSON_RELATIONS]
     return {"single_hop": single, "multi_hop": multi, "in_prompt": in_prompt}
 
 
@@ -269,12 +293,13 @@ def _draw(pool: list[tuple], k: int, rng: random.Random) -> list[tuple]:
 def _make_split(
     split: str,
     person_ids: list[str],
+    private_ids: list[str],
     n: int,
     weights: dict[str, float],
     entities: dict[str, Entity],
     rng: random.Random,
 ) -> list[Task]:
-    pools = _question_pools(person_ids, entities)
+    pools = _question_pools(person_ids, private_ids, entities)
     counts = kind_counts(n, weights)
     specs = [(kind, spec) for kind in KINDS for spec in _draw(pools[kind], counts[kind], rng)]
     rng.shuffle(specs)  # interleave kinds so any prefix of the split has the same mix
@@ -287,7 +312,7 @@ def _make_split(
         elif kind == "multi_hop":
             task = _multi_hop_task(task_id, subject, relation, entities)
         else:
-            others = [entities[p] for p in person_ids if p != subject_id]
+            others = [entities[p] for p in private_ids if p != subject_id]
             task = _in_prompt_task(task_id, subject, relation, rng.choice(others), rng)
         task.metadata["split"] = split
         tasks.append(task)

