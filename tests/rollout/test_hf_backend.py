@@ -9,6 +9,7 @@ from ponder.config import EnvConfig, RolloutConfig, SamplingConfig, TaskGenConfi
 from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.models import tiny_policy, token_logprobs
 from ponder.rollout import GenerationRequest, HFBackend, RolloutEngine
+from ponder.rollout.hf import shared_prefix_length
 from ponder.rollout.backend import first_stop
 from ponder.tools.retrieval import build_retriever
 
@@ -305,3 +306,24 @@ def test_end_to_end_reusing_each_episodes_cache_changes_nothing_but_the_work(spi
     expected = sum(len(t.prompt_ids) // 2 + len(t.response_ids) for t in with_reuse)
     assert reused.tokens_read < fresh.tokens_read
     assert reused.tokens_read <= expected + len(with_reuse)
+
+
+def test_shared_prefix_length_leaves_a_token_to_read():
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # identical: all but the last
+    assert shared_prefix_length([[1, 2], [3, 4]]) == 0
+    assert shared_prefix_length([[7]]) == 0
+
+
+def test_new_episodes_read_their_common_prefix_once(spiky):
+    # distinct contexts behind one shared system prompt: the prompt is read once, then
+    # each row's own tail (the same tokens as without any reuse, fewer of them)
+    system = spiky.tokenizer.encode(CONTEXTS[0] * 3, add_special_tokens=False)
+    tails = [spiky.tokenizer.encode(t, add_special_tokens=False) for t in CONTEXTS]
+    batch = [GenerationRequest(f"r{i}", system + tail, 5) for i, tail in enumerate(tails)]
+    sampling = SamplingConfig(temperature=0.0)
+    shared, alone = counting_backend(spiky, sampling, True), counting_backend(spiky, sampling, False)
+    out = shared.generate(batch, [])
+    assert [g.token_ids for g in out] == [g.token_ids for g in alone.generate(batch, [])]
+    decode_steps = sum(len(g.token_ids) - 1 for g in out)
+    assert shared.tokens_read == len(system) + sum(len(t) for t in tails) + decode_steps

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ponder.config import load_recipe
-from ponder.eval import evaluate, held_out_recipe
+from ponder.eval import EvalInputError, evaluate, held_out_recipe
 from ponder.eval.gain import StagePair, load_stage_pair, paired_gain, runs_table, searches_by_kind, stage_gain
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.demo import run_demo
@@ -156,6 +156,8 @@ def test_sampled_held_out_evaluation_is_seeded_and_differs_from_greedy():
     sampled = held_out_recipe(recipe)
     assert sampled.rollout.sampling.temperature == 1.0 and sampled.rollout.group_size == 1
     assert held_out_recipe(load_recipe(None, TINY)).rollout.sampling.temperature == 0.0
+    assert sampled.rollout.batch_size == 8  # eval.batch_size 0 = rollout.batch_size
+    assert held_out_recipe(load_recipe(None, TINY + ["eval.batch_size=3"])).rollout.batch_size == 3
     policy = prepare_policy(recipe)
     first, again = (evaluate(sampled, policy=policy).trajectories for _ in range(2))
     greedy = evaluate(held_out_recipe(load_recipe(None, TINY)), policy=policy).trajectories
@@ -169,3 +171,8 @@ def summarise_stub():
     """A stage's metrics as `ponder demo` stores them (values are arbitrary)."""
     row = {"episodes": 4, "reward": 0.5, "reward_se": 0.1, "em": 0.5, "format": 1.0, "searches_per_episode": 1.0}
     return {**row, "by_kind": {"single_hop": dict(row)}}
+
+
+def test_negative_eval_batch_size_is_named_before_any_model_loads():
+    with pytest.raises(EvalInputError, match="eval.batch_size must be >= 0"):
+        evaluate(held_out_recipe(load_recipe(None, TINY + ["eval.batch_size=-1"])))

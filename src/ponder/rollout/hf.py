@@ -7,8 +7,9 @@ they stop, so later decode steps only pay for rows still generating.
 Where the time went on the 2-core CPU, and what this module does about it:
 - Each turn of a multi-turn episode used to prefill the whole conversation again.
   Now the keys and values of every token already read are kept per episode between
-  calls (`KVStore`) and only the new tokens are prefilled; the G samples of a task
-  share one prefill of their common prompt.
+  calls (`KVStore`) and only the new tokens are prefilled. New episodes share one
+  prefill of the prefix they all have in common (the system prompt), or, when that
+  reads fewer tokens, the G samples of a task share one prefill of their prompt.
 - DynamicCache concatenates the whole cache on every decode step; `SlabCache`
   writes into a preallocated buffer.
 - At decode batch sizes the CPU matmul x @ W is about twice as fast with W stored
@@ -141,26 +142,41 @@ class HFBackend:
         return cache, out.logits[:, -1], attention_mask, positions[:, -1:] + 1
 
     def _pasts(self, model: Any, requests: list[GenerationRequest]) -> list[RowKV | None]:
-        """Each request's cached past: the episode's previous turn from the store, or
-        else one shared prefill of all but the last token for identical contexts."""
+        """Each request's cached past: the episode's previous turn from the store, or else
+        a shared prefill, whichever reads fewer tokens: one of the prefix common to every
+        new episode (the system prompt, ~2/3 of a search-QA prompt), or one of all but
+        the last token per distinct context (the G samples of a task)."""
         if self.store is None:
             return [None] * len(requests)
         pasts = self.store.take_all([r.key for r in requests], [r.context_ids for r in requests])
-        fresh: dict[tuple[int, ...], list[int]] = {}
-        for i, request in enumerate(requests):
-            if pasts[i] is None and len(request.context_ids) > 1:
-                fresh.setdefault(tuple(request.context_ids[:-1]), []).append(i)
+        fresh = [i for i, r in enumerate(requests) if pasts[i] is None and len(r.context_ids) > 1]
         if not fresh:
             return pasts
-        prefixes = list(fresh)
-        input_ids, mask = self._left_pad([list(p) for p in prefixes])
-        cache = SlabCache(model.config.num_hidden_layers, input_ids.shape[1], [None] * len(prefixes), 0)
-        model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        for j, prefix in enumerate(prefixes):
-            kv = cache.row(j, mask[j].nonzero().squeeze(-1))
-            for i in fresh[prefix]:
+        contexts = [requests[i].context_ids for i in fresh]
+        distinct = {tuple(c[:-1]) for c in contexts}
+        common = shared_prefix_length(contexts)
+        per_context = sum(len(p) for p in distinct) + len(fresh)
+        shared = common + sum(len(c) - common for c in contexts)
+        if common > 0 and shared < per_context:
+            kv = self._read(model, [contexts[0][:common]])[0]
+            for i in fresh:
                 pasts[i] = kv
+            return pasts
+        prefixes = list(distinct)
+        for prefix, kv in zip(prefixes, self._read(model, [list(p) for p in prefixes]), strict=True):
+            for i in fresh:
+                if tuple(requests[i].context_ids[:-1]) == prefix:
+                    pasts[i] = kv
         return pasts
+
+    def _read(self, model: Any, prefixes: list[list[int]]) -> list[RowKV]:
+        """The keys and values of each token sequence, read in one batched pass."""
+        input_ids, mask = self._left_pad(prefixes)
+        cache = SlabCache(model.config.num_hidden_layers, input_ids.shape[1], [None] * len(prefixes), 0)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+              use_cache=True, logits_to_keep=1)  # fmt: skip
+        return [cache.row(j, mask[j].nonzero().squeeze(-1)) for j in range(len(prefixes))]
 
     def _finish_reason(self, row: _Row, stop_strings: list[str]) -> str:
         if row.token_ids[-1] in self.eos_ids:
@@ -204,6 +220,16 @@ def _pretranspose_linears(model: torch.nn.Module) -> None:
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
                 setattr(parent, name, _PretransposedLinear(child))
+
+
+def shared_prefix_length(contexts: list[list[int]]) -> int:
+    """Length of the prefix every context shares, leaving each at least one token to read."""
+    limit = min(len(c) for c in contexts) - 1
+    first = contexts[0]
+    for n in range(limit):
+        if any(c[n] != first[n] for c in contexts):
+            return n
+    return max(limit, 0)
 
 
 def _eos_ids(policy: Policy) -> set[int]:
