@@ -9,7 +9,9 @@ import torch
 
 from ponder.config import load_recipe
 from ponder.eval import EvalInputError, evaluate, held_out_recipe
-from ponder.eval.gain import StagePair, load_stage_pair, paired_gain, runs_table, searches_by_kind, stage_gain
+from ponder.eval.gain import (
+    StagePair, load_stage_pair, paired_gain, runs_table, search_split, searches_by_kind, stage_gain,
+)
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.demo import run_demo
 from ponder.train.report import demo_table
@@ -112,6 +114,7 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     pair = load_stage_pair(out, "base", "sft")
     assert len(pair.before) == len(pair.after) == results["stages"]["sft"]["episodes"]
     assert [t.task_id for t in pair.before] == [t.task_id for t in pair.after]
+    assert pair.needed == [{"single_hop": 1, "multi_hop": 2, "in_prompt": 0}[k] for k in pair.kinds]
     one = stage_gain([pair])
     assert one.before == pytest.approx(results["stages"]["base"]["reward"])
     assert one.after == pytest.approx(results["stages"]["sft"]["reward"])
@@ -134,6 +137,21 @@ def test_searches_by_kind_hand_computed():
     assert searches_by_kind([pair], "after", at_least=2) == {"a": 0.0, "b": 0.5}
     # pooling a run with itself changes no share
     assert searches_by_kind([pair, pair], "before", at_least=2) == searches_by_kind([pair], "before", at_least=2)
+
+
+def test_search_split_separates_needed_from_extra_searches():
+    def episodes(counts):
+        return [Trajectory(f"t{i}", [], metrics={"searches": float(n)}) for i, n in enumerate(counts)]
+
+    # kinds need 0, 1, 2 searches; before: 1, 2, 1 searches; after: 0, 1, 2
+    pair = StagePair(episodes([1, 2, 1]), episodes([0, 1, 2]), ["in", "one", "two"], [0, 1, 2])
+    before, after = search_split([pair], "before"), search_split([pair], "after")
+    assert before == {"in": (0.0, 1.0), "one": (1.0, 1.0), "two": (1.0, 0.0), None: (2 / 3, 2 / 3)}
+    assert after == {"in": (0.0, 0.0), "one": (1.0, 0.0), "two": (2.0, 0.0), None: (1.0, 0.0)}
+    # needed + extra is the search count, so pooling a run with itself changes nothing
+    assert search_split([pair, pair], "before") == before
+    with pytest.raises(ValueError, match="needed searches"):
+        search_split([StagePair(pair.before, pair.after, pair.kinds)], "before")
 
 
 def test_runs_table_has_one_row_per_run_with_its_own_gain():

@@ -16,6 +16,7 @@ from ponder.config import load_recipe
 from rich.table import Table
 
 from ponder.eval.metrics import mean, standard_error
+from ponder.rewards.format import action_kind
 from ponder.types import Trajectory, load_trajectories
 
 
@@ -47,11 +48,13 @@ def paired_gain(before: list[float], after: list[float]) -> Gain:
 
 @dataclass
 class StagePair:
-    """One run's episodes of two stages, matched by task id, with each task's kind."""
+    """One run's episodes of two stages, matched by task id, with each task's kind and
+    the number of searches its oracle makes (the searches it needs)."""
 
     before: list[Trajectory]
     after: list[Trajectory]
     kinds: list[str]
+    needed: list[int] | None = None
 
 
 def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl") -> StagePair:
@@ -68,8 +71,13 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl")
     if sorted(by_task) != sorted(t.task_id for t in first):
         raise ValueError(f"{run_dir}: stages '{before}' and '{after}' evaluated different tasks")
     recipe = load_recipe(run_dir / "recipe.yaml")
-    kinds = {t.id: t.kind for t in load_search_qa(recipe.env).eval}
-    return StagePair(first, [by_task[t.task_id] for t in first], [kinds.get(t.task_id, "?") for t in first])
+    tasks = {t.id: t for t in load_search_qa(recipe.env).eval}
+    missing = sorted({t.task_id for t in first} - set(tasks))
+    if missing:
+        raise ValueError(f"{run_dir}: task '{missing[0]}' is not in the recipe's eval split")
+    kinds = [tasks[t.task_id].kind for t in first]
+    needed = [sum(action_kind(a) == "search" for a in tasks[t.task_id].oracle_actions) for t in first]
+    return StagePair(first, [by_task[t.task_id] for t in first], kinds, needed)
 
 
 def stage_gain(pairs: list[StagePair], kind: str | None = None) -> Gain:
@@ -94,23 +102,42 @@ def searches_by_kind(pairs: list[StagePair], stage: str, at_least: int | None = 
     return {kind: mean(values) for kind, values in sorted(counts.items())}
 
 
+def search_split(pairs: list[StagePair], stage: str) -> dict[str | None, tuple[float, float]]:
+    """Per task kind (and None for all), the mean per episode at `stage` of the needed
+    searches made, min(searches, needed), and of the extra ones, max(0, searches − needed):
+    RL should cut the second without cutting the first."""
+    rows: dict[str | None, list[tuple[float, float]]] = {}
+    for pair in pairs:
+        if pair.needed is None:
+            raise ValueError("search_split needs each task's needed searches (load_stage_pair gives them)")
+        for trajectory, kind, need in zip(getattr(pair, stage), pair.kinds, pair.needed):
+            searches = trajectory.metrics.get("searches", 0.0)
+            split = (min(searches, need), max(0.0, searches - need))
+            for key in (kind, None):
+                rows.setdefault(key, []).append(split)
+    return {kind: (mean([m for m, _ in v]), mean([e for _, e in v])) for kind, v in rows.items()}
+
+
 def _reward(trajectory: Trajectory) -> float:
     return trajectory.reward if trajectory.reward is not None else 0.0
 
 
 def gain_table(pairs: list[StagePair], before: str, after: str) -> Table:
-    """Reward gain (all tasks, then per kind); searches per episode and the share of
-    episodes that searched at least once / twice, before → after."""
+    """Reward gain (all tasks, then per kind); searches per episode, the share of
+    episodes that searched at least once / twice, and the needed and extra searches
+    per episode (search_split), before → after."""
     table = Table(title=f"{after} vs {before}: {len(pairs)} run(s), paired by task")
     headers = ["tasks", "n", before, after, "gain", "se (paired)", "se (unpaired)", "gain / se (unpaired)"]
-    headers += ["searches", "searched ≥ 1", "searched ≥ 2"]
+    headers += ["searches", "searched ≥ 1", "searched ≥ 2", "needed searches", "extra searches"]
     for header in headers:
         table.add_column(header, justify="left" if header == "tasks" else "right")
     kinds = sorted({k for pair in pairs for k in pair.kinds})
     moves = [(searches_by_kind(pairs, "before", n), searches_by_kind(pairs, "after", n)) for n in (None, 1, 2)]
+    split = search_split(pairs, "before"), search_split(pairs, "after")
     for kind in [None, *kinds]:
         g = stage_gain(pairs, kind)
         moved = [f"{b[kind]:.2f} → {a[kind]:.2f}" if kind else "" for b, a in moves]
+        moved += [f"{split[0][kind][i]:.2f} → {split[1][kind][i]:.2f}" for i in (0, 1)]
         cells = [g.n, g.before, g.after, g.gain, g.se_paired, g.se_unpaired, g.z]
         table.add_row(kind or "all", *[f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells], *moved)
     return table
