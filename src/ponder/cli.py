@@ -80,7 +80,7 @@ def cmd_gen_tasks(args: argparse.Namespace) -> int:
 # The --quick demo: the same pipeline, small enough for a smoke check (minutes).
 QUICK_DEMO = [
     "eval.episodes=8",
-    "sft.steps=8",
+    "sft.steps=4",
     "train.steps=2",
     "train.tasks_per_step=2",
     "rollout.group_size=4",

@@ -153,20 +153,19 @@ class HFBackend:
         if not fresh:
             return pasts
         contexts = [requests[i].context_ids for i in fresh]
-        distinct = {tuple(c[:-1]) for c in contexts}
+        by_prompt: dict[tuple[int, ...], list[int]] = {}  # all but the last token -> requests
+        for i, context in zip(fresh, contexts):
+            by_prompt.setdefault(tuple(context[:-1]), []).append(i)
         common = shared_prefix_length(contexts)
-        per_context = sum(len(p) for p in distinct) + len(fresh)
+        per_prompt = sum(len(p) for p in by_prompt) + len(fresh)
         shared = common + sum(len(c) - common for c in contexts)
-        if common > 0 and shared < per_context:
-            kv = self._read(model, [contexts[0][:common]])[0]
-            for i in fresh:
+        if common > 0 and shared < per_prompt:
+            groups = {tuple(contexts[0][:common]): fresh}
+        else:
+            groups = by_prompt
+        for kv, members in zip(self._read(model, [list(p) for p in groups]), groups.values(), strict=True):
+            for i in members:
                 pasts[i] = kv
-            return pasts
-        prefixes = list(distinct)
-        for prefix, kv in zip(prefixes, self._read(model, [list(p) for p in prefixes]), strict=True):
-            for i in fresh:
-                if tuple(requests[i].context_ids[:-1]) == prefix:
-                    pasts[i] = kv
         return pasts
 
     def _read(self, model: Any, prefixes: list[list[int]]) -> list[RowKV]:
