@@ -50,7 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--replay-capacity", type=int, default=16)
     parser.add_argument("--replay-ratio", type=float, default=0.5)
-    parser.add_argument("--ewc-lambda", type=float, default=100.0)
+    parser.add_argument(
+        "--ewc-lambda", type=float, default=1e4,
+        help="EWC penalty weight (1e3 changed nothing here, 1e5 and up froze the model; docs/results-pipeline.md)",
+    )
     parser.add_argument("--fisher-examples", type=int, default=8)
     parser.add_argument("--methods", default="naive,replay,ewc")
     parser.add_argument("--seed", type=int, default=0)
