@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ponder-installed
 
-.PHONY: install demo demo-quick test test-slow bench-setup bench bench-smoke bfcl-venv clean
+.PHONY: install sysdeps demo demo-quick test test-slow bench-setup bench bench-smoke bfcl-venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,23 @@ demo: install
 demo-quick: install
 	$(VENV)/bin/ponder demo --recipe recipes/demo.yaml --quick --out runs/demo-quick
 
-test: install bfcl-venv
+test: install bfcl-venv sysdeps
 	$(PY) -m pytest
+
+# Debian programs ponder uses: tesseract-ocr reads images for the agent's RAG tool
+# (docs/agents.md). Installed with apt-get when missing and we are root (or have sudo);
+# otherwise a one-line hint, and the OCR test skips saying why.
+sysdeps:
+	@if command -v tesseract >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing tesseract-ocr (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tesseract-ocr tesseract-ocr-eng >/dev/null \
+	    || echo "note: apt-get could not install tesseract-ocr; OCR of images will be skipped"; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing tesseract-ocr (sudo apt-get)"; \
+	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tesseract-ocr tesseract-ocr-eng >/dev/null \
+	    || echo "note: apt-get could not install tesseract-ocr; OCR of images will be skipped"; \
+	else echo "note: tesseract-ocr is not installed and cannot be installed here (needs root and apt-get); OCR of images will be skipped"; fi
 
 # The Berkeley Function Calling Leaderboard's data and checker in their own venv (bfcl-eval
 # pins numpy 1.26, faiss 1.11 …); ponder calls its checker in a subprocess (docs/tools.md).
