@@ -78,3 +78,57 @@ def test_hybrid_retriever_fuses_per_query_with_depth():
     assert [[(hit.doc_id, hit.score) for hit in hits] for hits in results] == [expected, expected]
     hybrid.search(["q"], topk=10)
     assert first.asked[-1] == 10
+
+
+def test_weighted_rrf_hand_computed_scores():
+    sparse = _ranking("a", "b", "c")
+    dense = _ranking("b", "d", "a")
+    fused = reciprocal_rank_fusion([sparse, dense], k=0, weights=[1.0, 3.0])
+    # k=0: a = 1/1 + 3/3 = 2, b = 1/2 + 3/1 = 3.5, c = 1/3, d = 3/2 = 1.5
+    assert [(hit.doc_id, hit.score) for hit in fused] == [("b", 3.5), ("a", 2.0), ("d", 1.5), ("c", pytest.approx(1 / 3))]
+    # Equal weights: b = 1/2 + 1 = 1.5 beats a = 1 + 1/3; a 3:1 vote for the first list
+    # turns it round: a = 3 + 1/3, b = 3/2 + 1, c = 1, d = 1/2.
+    equal = reciprocal_rank_fusion([sparse, dense], k=0)
+    assert [(hit.doc_id, hit.score) for hit in equal][:2] == [("b", 1.5), ("a", pytest.approx(4 / 3))]
+    sparse_heavy = reciprocal_rank_fusion([sparse, dense], k=0, weights=[3.0, 1.0])
+    assert [(hit.doc_id, hit.score) for hit in sparse_heavy] == [
+        ("a", pytest.approx(10 / 3)), ("b", 2.5), ("c", 1.0), ("d", 0.5)]
+
+
+def test_weighted_rrf_with_unit_weights_is_plain_rrf():
+    rankings = [_ranking("a", "b", "c", "d"), _ranking("d", "c", "e"), _ranking("c", "a", "f")]
+    assert reciprocal_rank_fusion(rankings, k=60, weights=[1.0, 1.0, 1.0]) == reciprocal_rank_fusion(rankings, k=60)
+
+
+def test_weighted_rrf_invariances():
+    rankings = [_ranking("a", "b", "c", "d"), _ranking("d", "c", "e"), _ranking("c", "a", "f", "b")]
+    weights = [1.0, 4.0, 2.5]
+    expected = reciprocal_rank_fusion(rankings, k=5, weights=weights)
+    order = lambda hits: [hit.doc_id for hit in hits]  # noqa: E731
+    # The order of the (ranking, weight) pairs does not matter.
+    for permutation in itertools.permutations(range(3)):
+        fused = reciprocal_rank_fusion([rankings[i] for i in permutation], k=5, weights=[weights[i] for i in permutation])
+        assert fused == expected
+    # Scaling every weight by one constant scales every score and keeps the ranking.
+    for factor in (0.5, 3.0, 10.0):
+        scaled = reciprocal_rank_fusion(rankings, k=5, weights=[w * factor for w in weights])
+        assert order(scaled) == order(expected)
+        assert [hit.score for hit in scaled] == pytest.approx([hit.score * factor for hit in expected], rel=1e-12)
+
+
+def test_weighted_rrf_rejects_bad_weights():
+    with pytest.raises(ValueError, match="2 weights for 1 rankings"):
+        reciprocal_rank_fusion([_ranking("a")], weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="non-negative"):
+        reciprocal_rank_fusion([_ranking("a")], weights=[-1.0])
+    with pytest.raises(ValueError, match="2 weights for 1 retrievers"):
+        HybridRetriever([_Fixed(_ranking("a"))], weights=[1.0, 2.0])
+
+
+def test_hybrid_retriever_passes_its_weights():
+    first, second = _Fixed(_ranking("a", "b")), _Fixed(_ranking("b", "a"))
+    # Equal votes tie a and b (a wins on id); a 2:1 vote for the second retriever puts b first.
+    assert [hit.doc_id for hit in HybridRetriever([first, second], k=60).search(["q"], 2)[0]] == ["a", "b"]
+    weighted = HybridRetriever([first, second], k=60, weights=[1.0, 2.0]).search(["q"], 2)[0]
+    assert [(hit.doc_id, hit.score) for hit in weighted] == [("b", pytest.approx(1 / 62 + 2 / 61)),
+                                                              ("a", pytest.approx(1 / 61 + 2 / 62))]
