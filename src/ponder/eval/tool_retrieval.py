@@ -3,16 +3,20 @@
 All tools of the BFCL data (~2,000 after deduplication) are indexed; queries come with
 the names of the tools that answer them. The split is by function: a seeded coin per
 tool name decides which tools are held out, test queries need only held-out tools and
-training queries none. Training sees only non-live training queries, and its hard
-negatives come only from tools offered in non-live training questions. The live
+training queries none. A second seeded coin carves validation functions out of the
+training functions in the same way: the encoder never trains on their queries, and the
+hybrid's fusion weight is chosen on them, so nothing is tuned on held-out or live
+queries. Training sees only non-live training queries, and its hard negatives come only
+from tools offered in non-live training questions (validation tools excluded). The live
 categories are scored last, as the generalisation test.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,8 @@ from ponder.eval.bfcl.data import (
     load_questions, load_tool_corpus, split_by_function,
 )
 from ponder.eval.ranking import ranking_report
+from ponder.tools.retrieval.corpus import Hit
+from ponder.tools.retrieval.hybrid import reciprocal_rank_fusion
 from ponder.tools.retrieval.finetune import ContrastiveConfig, ContrastiveExample, mine_examples
 from ponder.tools.retrieval.toolindex import ToolIndex, tool_text
 
@@ -36,15 +42,39 @@ class ToolRetrievalData:
     train_tools: dict[str, str]  # name → indexed text, for tools of non-live training questions
     test_fraction: float
     seed: int
+    validation: list[LabelledQuery] = field(default_factory=list)
+    validation_fraction: float = 0.0  # share of the training functions held out for validation
 
     def describe(self) -> str:
-        return (f"{self.corpus.summary()}; {len(self.train)} training queries, {len(self.test)} held-out "
-                f"queries (test_fraction {self.test_fraction}, seed {self.seed}), {len(self.live)} live queries")
+        validation = (f", {len(self.validation)} validation queries (validation_fraction "
+                      f"{self.validation_fraction} of training functions)") if self.validation_fraction else ""
+        return (f"{self.corpus.summary()}; {len(self.train)} training queries{validation}, {len(self.test)} "
+                f"held-out queries (test_fraction {self.test_fraction}, seed {self.seed}), {len(self.live)} live queries")
 
 
-def prepare_data(data_dir: Path, test_fraction: float = 0.3, seed: int = 0) -> ToolRetrievalData:
+def is_validation_function(name: str, validation_fraction: float, seed: int) -> bool:
+    """A seeded coin per function name, independent of the held-out coin (another salt)."""
+    digest = hashlib.sha256(f"validation:{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < validation_fraction
+
+
+def _split_validation(queries: list[LabelledQuery], fraction: float, seed: int) -> tuple[list, list]:
+    """(train, validation) by function, as the held-out split: mixed queries are dropped."""
+    train, validation = [], []
+    for query in queries:
+        held = [is_validation_function(name, fraction, seed) for name in query.relevant]
+        if all(held) and fraction > 0:
+            validation.append(query)
+        elif not any(held):
+            train.append(query)
+    return train, validation
+
+
+def prepare_data(data_dir: Path, test_fraction: float = 0.3, seed: int = 0,
+                 validation_fraction: float = 0.0) -> ToolRetrievalData:
     corpus = load_tool_corpus(data_dir)
     train, test = split_by_function(labelled_queries(data_dir, NON_LIVE), test_fraction, seed)
+    train, validation = _split_validation(train, validation_fraction, seed)
     indexed = {spec.name for spec in corpus.specs}
     live = [q for q in labelled_queries(data_dir, LIVE) if q.relevant <= indexed]
     train_tools: dict[str, str] = {}
@@ -52,9 +82,11 @@ def prepare_data(data_dir: Path, test_fraction: float = 0.3, seed: int = 0) -> T
         for question in load_questions(data_dir, category):
             for definition in question.functions:
                 spec, _ = definition_to_spec(definition)
-                if spec is not None and not is_test_function(spec.name, test_fraction, seed):
+                if spec is not None and not is_test_function(spec.name, test_fraction, seed) \
+                        and not is_validation_function(spec.name, validation_fraction, seed):
                     train_tools.setdefault(spec.name, tool_text(spec))
-    return ToolRetrievalData(corpus, train, test, live, train_tools, test_fraction, seed)
+    return ToolRetrievalData(corpus, train, test, live, train_tools, test_fraction, seed,
+                             validation, validation_fraction)
 
 
 def training_examples(data: ToolRetrievalData, config: ContrastiveConfig) -> list[ContrastiveExample]:
@@ -67,35 +99,78 @@ def training_examples(data: ToolRetrievalData, config: ContrastiveConfig) -> lis
     return mine_examples(pairs, data.train_tools, bm25.rank_names, config)
 
 
-RETRIEVER_ROWS = (  # (key, label, kind, encoder)
-    ("bm25", "bm25", "bm25", None),
-    ("base", "dense (base MiniLM)", "dense", "base"),
-    ("tuned", "dense (fine-tuned)", "dense", "tuned"),
-    ("hybrid", "hybrid (BM25 + fine-tuned)", "hybrid", "tuned"),
-    ("hybrid-base", "hybrid (BM25 + base)", "hybrid", "base"),
+FUSION_GRID = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # dense vote weights tried; BM25's is 1
+FUSION_SELECTED_BY = "validation recall@5 (the agent is offered the top 5), ties by MRR, then the smaller weight"
+
+
+def fusion_sweep(bm25_ranked: list[list[str]], dense_ranked: list[list[str]], relevant: list[set[str]],
+                 grid: tuple[float, ...] = FUSION_GRID, rrf_k: int = 60) -> tuple[float, list[dict[str, Any]]]:
+    """(chosen dense weight, one ranking report per weight): each query's BM25 and dense
+    rankings (tool names, best first) fused with weights [1, w] for w in `grid`; chosen
+    by FUSION_SELECTED_BY."""
+    rows = []
+    for weight in grid:
+        fused = [
+            [hit.doc_id for hit in reciprocal_rank_fusion(
+                [[Hit(name, "", 0.0) for name in bm25], [Hit(name, "", 0.0) for name in dense]],
+                k=rrf_k, topk=10, weights=[1.0, weight])]
+            for bm25, dense in zip(bm25_ranked, dense_ranked)
+        ]
+        rows.append({"dense_weight": weight, **ranking_report(fused, relevant)})
+    best = max(rows, key=lambda row: (row["recall@5"], row["mrr"], -row["dense_weight"]))
+    return best["dense_weight"], rows
+
+
+def tune_fusion(data: ToolRetrievalData, encoder: Any, depth: int = 50, rrf_k: int = 60) -> dict[str, Any]:
+    """The hybrid's dense weight chosen on the validation queries (never held-out or live),
+    with the sweep and the single retrievers' validation scores, as written to fusion.json."""
+    if not data.validation:
+        raise ValueError("no validation queries: prepare the data with validation_fraction > 0")
+    queries, relevant = [q.query for q in data.validation], [q.relevant for q in data.validation]
+    bm25 = ToolIndex(data.corpus.specs, kind="bm25").rank_names(queries, depth)
+    dense = ToolIndex(data.corpus.specs, kind="dense", encoder=encoder).rank_names(queries, depth)
+    weight, sweep = fusion_sweep(bm25, dense, relevant, rrf_k=rrf_k)
+    singles = {"bm25": ranking_report([r[:10] for r in bm25], relevant),
+               "dense": ranking_report([r[:10] for r in dense], relevant)}
+    return {"dense_weight": weight, "bm25_weight": 1.0, "rrf_k": rrf_k, "depth": depth, "grid": list(FUSION_GRID),
+            "selected_by": FUSION_SELECTED_BY, "validation_queries": len(queries),
+            "validation_fraction": data.validation_fraction, "split_seed": data.seed, "sweep": sweep,
+            "single_retrievers": singles}
+
+
+RETRIEVER_ROWS = (  # (key, label, kind, encoder, weighted: use the tuned dense weight)
+    ("bm25", "bm25", "bm25", None, False),
+    ("base", "dense (base MiniLM)", "dense", "base", False),
+    ("tuned", "dense (fine-tuned)", "dense", "tuned", False),
+    ("hybrid", "hybrid (BM25 + fine-tuned, equal weights)", "hybrid", "tuned", False),
+    ("hybrid-weighted", "hybrid (BM25 + fine-tuned, dense weight {w:g})", "hybrid", "tuned", True),
+    ("hybrid-base", "hybrid (BM25 + base)", "hybrid", "base", False),
 )
 
 
 def evaluate_retrievers(
     data: ToolRetrievalData, tuned_encoder: Any = None, say: Callable[[str], None] = lambda _: None,
-    only: list[str] | None = None,
+    only: list[str] | None = None, dense_weight: float | None = None,
 ) -> list[dict[str, Any]]:
     """recall@1/5/10, MRR and nDCG@10 on the held-out and live queries for each retriever.
 
-    Without a fine-tuned encoder its rows are left out. Embeddings are computed once per
+    Without a fine-tuned encoder its rows are left out, and without `dense_weight` (the
+    one chosen on validation) the weighted hybrid row. Embeddings are computed once per
     encoder and shared between its dense and hybrid rows.
     """
     specs = data.corpus.specs
     encoders = {"base": None, "tuned": tuned_encoder}
     dense_embeddings: dict[str, Any] = {}
     rows = []
-    for key, label, kind, encoder_key in RETRIEVER_ROWS:
-        if (encoder_key == "tuned" and tuned_encoder is None) or (only and key not in only):
+    for key, label, kind, encoder_key, weighted in RETRIEVER_ROWS:
+        if (encoder_key == "tuned" and tuned_encoder is None) or (only and key not in only) \
+                or (weighted and dense_weight is None):
             continue
         started = time.perf_counter()
+        label = label.format(w=dense_weight) if weighted else label
         embeddings = dense_embeddings.get(encoder_key) if encoder_key else None
         index = ToolIndex(specs, kind=kind, encoder=encoders.get(encoder_key) if encoder_key else None,
-                          embeddings=embeddings)
+                          embeddings=embeddings, dense_weight=dense_weight if weighted else 1.0)
         if encoder_key and encoder_key not in dense_embeddings:
             dense_embeddings[encoder_key] = index.embeddings()
         for split, queries in (("held-out", data.test), ("live", data.live)):

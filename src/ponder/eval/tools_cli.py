@@ -19,14 +19,17 @@ def _data(args: argparse.Namespace) -> Any:
     from ponder.eval.bfcl.data import find_data_dir
     from ponder.eval.tool_retrieval import prepare_data
 
-    data = prepare_data(find_data_dir(args.bfcl_venv), args.test_fraction, args.split_seed)
+    data = prepare_data(find_data_dir(args.bfcl_venv), args.test_fraction, args.split_seed,
+                        getattr(args, "validation_fraction", 0.0))
     print(data.describe(), file=sys.stderr)
     return data
 
 
 def cmd_tools_train(args: argparse.Namespace) -> int:
+    from ponder.eval.tool_retrieval import training_examples, tune_fusion
+    from ponder.fileio import write_text_atomic
     from ponder.tools.retrieval.finetune import ContrastiveConfig, save_encoder, train_encoder
-    from ponder.eval.tool_retrieval import training_examples
+    from ponder.tools.retrieval.toolindex import FUSION_FILE
 
     config = ContrastiveConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                                hard_negatives=args.hard_negatives, max_steps=args.max_steps, seed=args.seed,
@@ -40,24 +43,36 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
             print(f"step {step}/{total} loss {loss:.4f}", file=sys.stderr, flush=True)
 
     model, result = train_encoder(examples, config, on_step=on_step)
-    extra = {"split": {"test_fraction": data.test_fraction, "seed": data.seed, "train_queries": len(data.train)}}
+    extra = {"split": {"test_fraction": data.test_fraction, "seed": data.seed, "train_queries": len(data.train),
+                       "validation_fraction": data.validation_fraction, "validation_queries": len(data.validation)}}
     out = save_encoder(model, args.out, result, config, extra)
     first, last = result.losses[0], sum(result.losses[-5:]) / len(result.losses[-5:])
     print(f"ponder tools train: {result.steps} steps in {result.seconds:.0f} s, loss {first:.3f} → {last:.3f}; saved {out}")
+    if data.validation:
+        fusion = tune_fusion(data, model)
+        write_text_atomic(out / FUSION_FILE, json.dumps(fusion, indent=2))
+        for row in fusion["sweep"]:
+            print(f"validation: dense weight {row['dense_weight']:g}: recall@5 {row['recall@5']:.3f} "
+                  f"MRR {row['mrr']:.3f}", file=sys.stderr)
+        print(f"ponder tools train: hybrid dense weight {fusion['dense_weight']:g} chosen on "
+              f"{fusion['validation_queries']} validation queries ({fusion['selected_by']}); saved {out / FUSION_FILE}")
     return 0
 
 
 def cmd_tools_eval(args: argparse.Namespace) -> int:
     from ponder.eval.tool_retrieval import evaluate_retrievers, retrieval_markdown
-    from ponder.tools.retrieval.toolindex import load_tool_encoder
+    from ponder.tools.retrieval.toolindex import load_tool_encoder, read_dense_weight
 
     data = _data(args)
-    tuned = None
+    tuned, dense_weight = None, None
     if args.encoder and Path(args.encoder).exists():
-        tuned = load_tool_encoder(args.encoder)
+        tuned, dense_weight = load_tool_encoder(args.encoder), read_dense_weight(args.encoder)
+        if dense_weight is not None:
+            print(f"hybrid dense weight {dense_weight:g}, chosen on validation by `ponder tools train`", file=sys.stderr)
     elif args.encoder != DEFAULT_ENCODER_DIR:
         raise ValueError(f"{args.encoder}: no fine-tuned encoder there; train one with `ponder tools train`")
-    rows = evaluate_retrievers(data, tuned, say=lambda line: print(line, file=sys.stderr), only=args.only)
+    rows = evaluate_retrievers(data, tuned, say=lambda line: print(line, file=sys.stderr), only=args.only,
+                               dense_weight=dense_weight)
     print(retrieval_markdown(rows))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +86,7 @@ def cmd_tools_index(args: argparse.Namespace) -> int:
 
     corpus = load_tool_corpus(find_data_dir(args.bfcl_venv))
     print(corpus.summary(), file=sys.stderr)
-    index = ToolIndex(corpus.specs, kind=args.kind, encoder=args.encoder)
+    index = ToolIndex(corpus.specs, kind=args.kind, encoder=args.encoder, dense_weight=_dense_weight(args))
     print(f"ponder tools index: {args.kind} index of {len(corpus.specs)} tools written to {index.save(args.out)}")
     return 0
 
@@ -86,6 +101,22 @@ def cmd_tools_search(args: argparse.Namespace) -> int:
     for rank, hit in enumerate(hits, start=1):
         print(f"{rank:2d}. {hit.spec.name}  ({hit.score:.4f})  {hit.spec.description[:100]}")
     return 0
+
+
+def _dense_weight(args: argparse.Namespace) -> float:
+    """--dense-weight when given, else the encoder's fusion.json, else 1 (equal votes)."""
+    from ponder.tools.retrieval.toolindex import read_dense_weight
+
+    if args.dense_weight is not None:
+        return args.dense_weight
+    chosen = read_dense_weight(args.encoder)
+    return 1.0 if chosen is None else chosen
+
+
+def _dense_weight_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dense-weight", type=float,
+                        help="hybrid: the dense ranking's vote, BM25's being 1 (default: the weight in the "
+                             "encoder's fusion.json, written by `ponder tools train`, else 1)")
 
 
 def _split_options(parser: argparse.ArgumentParser) -> None:
@@ -109,14 +140,18 @@ def register(commands: Any) -> None:
     train.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: no limit)")
     train.add_argument("--max-seq-length", type=int, default=64, help="token limit of texts while training (default 64)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--validation-fraction", type=float, default=0.2,
+                       help="share of the training functions held out to choose the hybrid's dense weight "
+                            "(written to fusion.json; 0: no validation, no fusion.json; default 0.2)")
     train.set_defaults(handler=cmd_tools_train)
 
     evaluate = sub.add_parser("eval", help="recall@1/5/10, MRR, nDCG@10: BM25, base, fine-tuned, hybrid")
     _split_options(evaluate)
     evaluate.add_argument("--encoder", default=DEFAULT_ENCODER_DIR, help="fine-tuned encoder directory")
     evaluate.add_argument("--out", help="also write the rows as JSON here")
-    evaluate.add_argument("--only", nargs="+", choices=["bm25", "base", "tuned", "hybrid", "hybrid-base"],
-                          help="compute only these rows (default: all; tuned rows need --encoder)")
+    evaluate.add_argument("--only", nargs="+", choices=["bm25", "base", "tuned", "hybrid", "hybrid-weighted", "hybrid-base"],
+                          help="compute only these rows (default: all; tuned rows need --encoder, "
+                               "hybrid-weighted its fusion.json)")
     evaluate.set_defaults(handler=cmd_tools_eval)
 
     index = sub.add_parser("index", help="build a searchable index of every BFCL tool")
@@ -124,6 +159,7 @@ def register(commands: Any) -> None:
     index.add_argument("--kind", default="hybrid", choices=["bm25", "dense", "hybrid"])
     index.add_argument("--encoder", help="encoder directory (default: the packaged all-MiniLM-L6-v2)")
     index.add_argument("--out", default="runs/tools/index", help="index directory (default runs/tools/index)")
+    _dense_weight_option(index)
     index.set_defaults(handler=cmd_tools_index)
 
     search = sub.add_parser("search", help="query an index built by `ponder tools index`")
@@ -141,7 +177,7 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     from ponder.eval.bfcl.suite import run_bfcl_suite, to_agent_sample
 
     config = BfclRunConfig(categories=tuple(args.categories), per_category=args.per_category, seed=args.seed,
-                           samples=args.samples, max_new_tokens=args.max_new_tokens)
+                           samples=args.samples, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
     if args.samples > 1 and args.temperature <= 0:
         raise ValueError("--samples > 1 needs --temperature > 0 (greedy replies are all the same)")
     options = {"temperature": args.temperature, "seed": args.seed}
@@ -172,7 +208,9 @@ def register_bench(commands: Any) -> None:
     bench.add_argument("--retrieval-topk", type=int, nargs="+", default=[0],
                        help="conditions: 0 = the question's own functions, k = top-k tools retrieved from all BFCL tools")
     bench.add_argument("--retriever", default="hybrid", choices=["bm25", "dense", "hybrid"])
-    bench.add_argument("--encoder", help="dense encoder directory (default: the packaged all-MiniLM-L6-v2)")
+    bench.add_argument("--encoder", help="dense encoder directory (default: the packaged all-MiniLM-L6-v2); the "
+                                         "hybrid uses the dense weight in its fusion.json when there is one")
+    bench.add_argument("--batch-size", type=int, default=8, help="questions per batched generation (local models)")
     bench.add_argument("--bfcl-venv", default=".venv-bfcl")
     bench.add_argument("--out", default="runs/bench-agent", help="writes results.json, results.md, success.png")
     bench.set_defaults(handler=cmd_bench_agent)

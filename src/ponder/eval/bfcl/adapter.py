@@ -32,6 +32,7 @@ class BfclRunConfig:
     max_new_tokens: cap on one reply.
     retrieval_topk: 0 offers the question's own functions (BFCL as published); k > 0
         offers the k tools retrieved from the whole catalogue for the question.
+    batch_size: questions per batched generation of a local model.
     """
 
     categories: tuple[str, ...] = ADAPTER_CATEGORIES
@@ -40,6 +41,7 @@ class BfclRunConfig:
     samples: int = 1
     max_new_tokens: int = 256
     retrieval_topk: int = 0
+    batch_size: int = 8
 
 
 @dataclass
@@ -177,9 +179,9 @@ def _is_call(item: Any) -> bool:
     return isinstance(item, dict) and len(item) == 1 and isinstance(next(iter(item.values())), dict)
 
 
-def complete_all(policy: ChatPolicy, chats: list[tuple[list[dict[str, Any]], str]], config: BfclRunConfig,
-                 batch_size: int = 8) -> list[tuple[str, float]]:
-    """(reply, seconds) per (chat, key). A local model answers `batch_size` chats per
+def complete_all(policy: ChatPolicy, chats: list[tuple[list[dict[str, Any]], str]],
+                 config: BfclRunConfig) -> list[tuple[str, float]]:
+    """(reply, seconds) per (chat, key). A local model answers `config.batch_size` chats per
     batched generation (much cheaper per reply on CPU); seconds is the batch's time share."""
     from ponder.agent.policy import BackendPolicy
     from ponder.rollout.backend import GenerationRequest
@@ -191,6 +193,7 @@ def complete_all(policy: ChatPolicy, chats: list[tuple[list[dict[str, Any]], str
             text = policy.complete(chat, [], config.max_new_tokens, key).text
             replies.append((text, time.perf_counter() - started))
         return replies
+    batch_size = max(config.batch_size, 1)
     for start in range(0, len(chats), batch_size):
         chunk = chats[start : start + batch_size]
         started = time.perf_counter()

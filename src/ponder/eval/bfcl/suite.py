@@ -33,6 +33,10 @@ def run_bfcl_suite(
 ) -> tuple[dict[str, list[BfclSample]], str]:
     """Samples per condition, and a one-line description of the run. With `checkpoint`,
     each category's samples are appended there as JSON lines as soon as they are scored."""
+    from ponder.tools.retrieval.toolindex import read_dense_weight
+
+    # The hybrid uses the fusion weight `ponder tools train` chose on validation for this encoder.
+    dense_weight = read_dense_weight(encoder) or 1.0
     data_dir = find_data_dir(venv)
     policy = _policy(policy_spec, data_dir, config, policy_options or {})
     corpus = index = None
@@ -40,8 +44,8 @@ def run_bfcl_suite(
         from ponder.tools.retrieval.toolindex import ToolIndex
 
         corpus = load_tool_corpus(data_dir)
-        index = ToolIndex(corpus.specs, kind=retriever_kind, encoder=encoder)
-        say(f"tool index: {corpus.summary()}")
+        index = ToolIndex(corpus.specs, kind=retriever_kind, encoder=encoder, dense_weight=dense_weight)
+        say(f"tool index: {corpus.summary()}; {retriever_kind}, dense weight {dense_weight:g}")
     results: dict[str, list[BfclSample]] = {}
     with BfclBridge(venv) as bridge:
         for topk in topks:
@@ -57,7 +61,8 @@ def run_bfcl_suite(
                 say(f"{name} / {category}: {sum(s.valid for s in samples)}/{len(samples)} valid")
     header = (f"policy {policy_spec}; categories {', '.join(config.categories)}; {config.per_category or 'all'} "
               f"questions per category (seed {config.seed}); {config.samples} sample(s) each; "
-              f"max_new_tokens {config.max_new_tokens}; retriever {retriever_kind} encoder {encoder or 'base MiniLM'}")
+              f"max_new_tokens {config.max_new_tokens}; retriever {retriever_kind} encoder {encoder or 'base MiniLM'}"
+              f"{f' dense weight {dense_weight:g}' if retriever_kind == 'hybrid' else ''}")
     return results, header
 
 

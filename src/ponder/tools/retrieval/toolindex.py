@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 TOOL_RETRIEVER_KINDS = ("bm25", "dense", "hybrid")
 INDEX_FORMAT = 1
+# Written by `ponder tools train` next to the encoder: the hybrid's dense vote weight,
+# chosen on validation tools (see eval/tool_retrieval.py).
+FUSION_FILE = "fusion.json"
 # Types some schema dialects (BFCL's among them) use, and their JSON Schema names.
 _TYPE_ALIASES = {
     "dict": "object", "float": "number", "double": "number", "long": "integer", "int": "integer",
@@ -180,12 +183,15 @@ class ToolIndex:
     """Search a tool catalogue by BM25, dense embeddings or both (hybrid, RRF).
 
     `encoder`: a SentenceTransformer, a model directory (e.g. a `ponder tools train`
-    output) or None for the packaged all-MiniLM-L6-v2; unused by "bm25". After each
-    `search`, `notes` lists what was done to the queries (truncation).
+    output) or None for the packaged all-MiniLM-L6-v2; unused by "bm25". `dense_weight`:
+    the dense ranking's vote in the hybrid's fusion, BM25's being 1 (see
+    `read_dense_weight`). After each `search`, `notes` lists what was done to the
+    queries (truncation).
     """
 
     def __init__(self, specs: list[ToolSpec], kind: str = "hybrid", encoder: Any = None,
-                 rrf_k: int = 60, depth: int = 50, embeddings: np.ndarray | None = None) -> None:
+                 rrf_k: int = 60, depth: int = 50, embeddings: np.ndarray | None = None,
+                 dense_weight: float = 1.0) -> None:
         if kind not in TOOL_RETRIEVER_KINDS:
             raise ToolIndexError(f"unknown tool retriever kind {kind!r}; valid kinds: {', '.join(TOOL_RETRIEVER_KINDS)}")
         if not specs:
@@ -193,6 +199,7 @@ class ToolIndex:
         self.specs = list(specs)
         self.kind = kind
         self.by_name = {spec.name: spec for spec in self.specs}
+        self.fusion = {"rrf_k": rrf_k, "depth": depth, "dense_weight": float(dense_weight)}
         self.notes: list[str] = []
         docs = tool_documents(self.specs)
         self.bm25 = BM25Retriever(docs) if kind in ("bm25", "hybrid") else None
@@ -203,7 +210,8 @@ class ToolIndex:
             self.dense = DenseRetriever.from_embeddings(docs, embeddings, self.model) if embeddings is not None \
                 else DenseRetriever(docs, model=self.model)
         parts = [r for r in (self.bm25, _TruncatingDense(self.dense, self.notes) if self.dense else None) if r]
-        self._retriever = parts[0] if len(parts) == 1 else HybridRetriever(parts, k=rrf_k, depth=depth)
+        self._retriever = parts[0] if len(parts) == 1 else \
+            HybridRetriever(parts, k=rrf_k, depth=depth, weights=[1.0, float(dense_weight)])
 
     def search(self, queries: list[str], topk: int) -> list[list[ToolHit]]:
         """The `topk` best tools per query, best first."""
@@ -226,7 +234,8 @@ class ToolIndex:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / "tools.json", json.dumps([asdict(s) for s in self.specs], ensure_ascii=False))
-        meta: dict[str, Any] = {"format": INDEX_FORMAT, "kind": self.kind, "tools": len(self.specs)}
+        meta: dict[str, Any] = {"format": INDEX_FORMAT, "kind": self.kind, "tools": len(self.specs),
+                                "fusion": self.fusion}
         if self.dense is not None:
             np.save(out / "embeddings.npy", self.embeddings())
             meta["encoder"] = {"fingerprint": encoder_fingerprint(self.model), "path": _model_source(self.model)}
@@ -256,7 +265,21 @@ class ToolIndex:
                     "rebuild it with `ponder tools index` or pass the encoder it was built with"
                 )
             encoder, embeddings = model, np.load(where / "embeddings.npy")
-        return cls(specs, kind=meta["kind"], encoder=encoder, embeddings=embeddings)
+        fusion = meta.get("fusion") or {}
+        return cls(specs, kind=meta["kind"], encoder=encoder, embeddings=embeddings,
+                   rrf_k=fusion.get("rrf_k", 60), depth=fusion.get("depth", 50),
+                   dense_weight=fusion.get("dense_weight", 1.0))
+
+
+def read_dense_weight(encoder: Any) -> float | None:
+    """The dense fusion weight `ponder tools train` chose for the encoder directory
+    `encoder` (its fusion.json), or None when there is none."""
+    if encoder is None or not isinstance(encoder, (str, Path)):
+        return None
+    path = Path(encoder) / FUSION_FILE
+    if not path.is_file():
+        return None
+    return float(json.loads(path.read_text(encoding="utf-8"))["dense_weight"])
 
 
 def _model_source(model: SentenceTransformer) -> str:
