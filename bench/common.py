@@ -49,6 +49,9 @@ class BenchConfig:
     epsilon: PPO clip, symmetric (TRL epsilon = epsilon_high; ponder clip_low = clip_high).
     lora_r / lora_alpha: LoRA on every linear layer but the LM head, dropout 0, on both.
     threads: torch.set_num_threads in each worker.
+    micro_batch: ponder's episodes per forward/backward in the update (gradient
+        accumulation, the same gradient as one pass; 0 = the whole batch in one pass,
+        as TRL does here). Smaller micro-batches bound the update's activation memory.
     warmup / steps: unmeasured then measured steps per system.
     """
 
@@ -68,6 +71,7 @@ class BenchConfig:
     lora_r: int = 16
     lora_alpha: int = 32
     threads: int = 2
+    micro_batch: int = 2
     warmup: int = 1
     steps: int = 5
 

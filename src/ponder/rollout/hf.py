@@ -20,7 +20,9 @@ Where the time went on the 2-core CPU, and what this module does about it:
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,7 @@ class HFBackend:
         if self.store is not None:
             self.store.clear()
         gc.collect()  # PEFT modules hold reference cycles; free the old 0.5 GB copy now
+        _return_free_memory()
 
     def sampling_model(self) -> Any:
         """The model to sample from: a copy of the policy with LoRA adapters merged
@@ -239,3 +242,15 @@ def _eos_ids(policy: Policy) -> set[int]:
     elif isinstance(configured, list):
         ids.update(configured)
     return {i for i in ids if i is not None}
+
+
+def _return_free_memory() -> None:
+    """Give freed heap pages back to the OS (glibc's malloc_trim). glibc raises its
+    mmap threshold after large frees, so the sampling copy's tensors, once freed,
+    stay in the heap and count in RSS under the update that follows (measured on
+    SmolLM2: 2.2 GB resident after a refresh without it, 1.0 GB with it)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to trim
+            pass

@@ -127,6 +127,9 @@ class RLTrainer:
         tasks = self.sampler.next_batch(self.recipe.train.tasks_per_step)
         self.policy.model.eval()
         trajectories, stats = self.engine.run(tasks)
+        # The update below changes the weights: drop the sampling copy now rather than
+        # after it, so the update's activations do not sit on top of it (peak RSS).
+        self.backend.refresh()
         score_trajectories(trajectories, {t.id: t for t in tasks}, self.reward)
         rewards = [t.reward for t in trajectories]
         if any(r is not None and not math.isfinite(r) for r in rewards):
@@ -152,7 +155,6 @@ class RLTrainer:
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
         tick = time.perf_counter()
         update = optimise(self, batch, advantages, returns)
-        self.backend.refresh()  # sample the next step from the updated weights
         update_s = time.perf_counter() - tick
         if "policy/kl" in update:
             self.kl.update(update["policy/kl"], len(trajectories))
