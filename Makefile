@@ -81,6 +81,7 @@ bench: bench-setup
 	mkdir -p $(BENCH_OUT)
 	$(PY) bench/roofline.py --out $(BENCH_OUT)/roofline.json
 	$(PY) bench/grpo_vs_trl.py --out $(BENCH_OUT)/grpo_vs_trl.json
+	$(PY) bench/plots.py --roofline $(BENCH_OUT)/roofline.json --grpo $(BENCH_OUT)/grpo_vs_trl.json --out $(BENCH_OUT)
 
 # Both benchmarks on the tiny model in a few tokens: checks the harness, measures nothing.
 bench-smoke: bench-setup
