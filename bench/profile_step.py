@@ -1,0 +1,102 @@
+"""Where ponder's GRPO bench step spends its time and memory (docs/benchmarks.md, Profile).
+
+Runs ponder's side of `bench/grpo_vs_trl.py` alone (the same trainer, workload and
+settings) for a warm-up step and `--steps` measured ones, and reports:
+
+- peak resident memory (RSS) in each phase of the step (generation, reference
+  logprobs, update), sampled every 2 ms from /proc/self/statm;
+- a cProfile of the measured steps: the functions with the most time of their own.
+
+    .venv/bin/python bench/profile_step.py --workload single --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE_MIB
+
+
+class PhaseMemory:
+    """Peak RSS per phase label, from a sampling thread."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.phase, self.peaks, self.interval_s = "load", {}, interval_s
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), rss_mib())
+            time.sleep(self.interval_s)
+
+    def labelled(self, label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            outer, self.phase = self.phase, label
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.phase = outer
+
+        return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=("single", "tool"), default="single")
+    parser.add_argument("--model", default="smollm2-135m", help="a name bench.prepare knows, or a local HF directory")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--micro-batch", type=int, default=2, help="ponder's episodes per forward/backward (0: all)")
+    parser.add_argument("--steps", type=int, default=2, help="measured (profiled) steps after one warm-up step")
+    parser.add_argument("--top", type=int, default=15, help="functions listed, by own time")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    memory = PhaseMemory()
+    import ponder.train.rl as rl
+    from bench.common import BenchConfig
+    from bench.ponder_side import PonderSide
+    from bench.prepare import base_model_dir
+
+    rl.forward_pass_no_grad = memory.labelled("reference logprobs", rl.forward_pass_no_grad)
+    rl.optimise = memory.labelled("update", rl.optimise)
+    model = args.model if Path(args.model).is_dir() else str(base_model_dir(args.model))
+    if args.workload == "tool":
+        parser.error("--workload tool needs the SFT-warmed checkpoint: profile it through bench/grpo_vs_trl.py")
+    cfg = BenchConfig(workload=args.workload, model=model, threads=args.threads, micro_batch=args.micro_batch)
+    side = PonderSide(cfg)
+    side.engine.run = memory.labelled("generation", side.engine.run)  # type: ignore[method-assign]
+    memory.phase = "step (other)"
+    side.step()  # warm-up: builds the sampling copy, allocator pools
+    profile = cProfile.Profile()
+    for _ in range(args.steps):
+        profile.enable()
+        times = side.step()
+        profile.disable()
+        print("step: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items() if k.endswith("_s")), flush=True)
+    print("\npeak RSS by phase (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.peaks.items()))
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
+    print(text.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
