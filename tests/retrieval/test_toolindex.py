@@ -63,6 +63,18 @@ def test_hybrid_save_load_and_encoder_refusal(tmp_path):
         ToolIndex.load(tmp_path / "idx")
 
 
+def test_hybrid_dense_weight_is_saved_and_loaded(tmp_path):
+    index = ToolIndex(TOOLS, kind="hybrid", dense_weight=6.0)
+    assert index._retriever.weights == [1.0, 6.0]  # BM25 first, dense second
+    index.save(tmp_path / "idx")
+    loaded = ToolIndex.load(tmp_path / "idx")
+    assert loaded.fusion == {"rrf_k": 60, "depth": 50, "dense_weight": 6.0}
+    assert loaded._retriever.weights == [1.0, 6.0]
+    query = ["book a plane ticket to Rome"]
+    assert [[h.score for h in hits] for hits in loaded.search(query, 3)] == \
+        [[h.score for h in hits] for hits in index.search(query, 3)]
+
+
 def test_long_query_is_truncated_with_a_note():
     model = load_tool_encoder()
     text, note = truncate_query("weather " * 1000, model)
