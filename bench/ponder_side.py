@@ -87,6 +87,7 @@ def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Reci
         "algo.epochs=1",
         "algo.mini_batch_size=0",
         f"algo.micro_batch_size={cfg.micro_batch or cfg.batch_size}",
+        f"algo.logprob_micro_batch_size={cfg.batch_size}",  # no-grad reference pass: one batch, as TRL
         f"train.steps={cfg.warmup + cfg.steps}",
         f"train.tasks_per_step={cfg.prompts_per_step}",
         f"train.seed={cfg.seed}",

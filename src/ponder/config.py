@@ -236,6 +236,9 @@ class AlgoConfig:
     epochs: optimisation passes over each batch of episodes.
     mini_batch_size: episodes per optimizer step (0 = the whole batch).
     micro_batch_size: episodes per forward/backward (gradient accumulation).
+    logprob_micro_batch_size: episodes per no-grad forward (reference logprobs, old
+        values; verl's `log_prob_micro_batch_size`); 0 = micro_batch_size. A no-grad
+        pass keeps no activations, so it can take larger batches than the update.
     """
 
     advantage: str = "grpo"
@@ -259,6 +262,7 @@ class AlgoConfig:
     epochs: int = 1
     mini_batch_size: int = 0
     micro_batch_size: int = 4
+    logprob_micro_batch_size: int = 0
 
 
 @dataclass

@@ -169,6 +169,28 @@ def test_micro_batches_of_one_equal_one_micro_batch_of_eight(aggregation, advant
     assert metrics_1["loss/policy"] == pytest.approx(metrics_8["loss/policy"], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.parametrize("reference", [True, False])
+def test_no_grad_passes_do_not_depend_on_their_micro_batch_size(reference):
+    # Reference logprobs (adapters disabled) and value estimates are per-row: batching
+    # rows of different lengths together must not change them.
+    from ponder.train.batch import collate
+    from ponder.train.update import forward_pass_no_grad
+
+    config = recipe(*ACCUMULATION, "algo.advantage=gae", "algo.kl_coef=0.1")
+    trainer = RLTrainer(config, "unused-run-dir", reward=low_id_share)
+    trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(config.train.tasks_per_step))
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id, config.reward.search_cost)
+    assert len({int(m.sum()) for m in batch.attention_mask}) > 1  # rows of different lengths
+    head = None if reference else trainer.value_head
+    if head is not None:  # the head starts at zero; give it weights that show any mix-up
+        for param in head.parameters():
+            torch.nn.init.normal_(param, std=0.1, generator=torch.Generator().manual_seed(0))
+    one = forward_pass_no_grad(trainer.policy, batch, 1, 1.0, head, reference=reference)
+    eight = forward_pass_no_grad(trainer.policy, batch, 8, 1.0, head, reference=reference)
+    assert float((one * batch.loss_mask).abs().sum()) > 0
+    torch.testing.assert_close(one * batch.loss_mask, eight * batch.loss_mask, atol=1e-5, rtol=1e-5)
+
+
 def test_token_mean_and_sequence_mean_give_different_gradients():
     """Guards the test above: its batch has unequal lengths, so the aggregations differ."""
     _, _, token_mean, _ = _one_step(8, "token_mean", "grpo")
@@ -329,6 +351,8 @@ def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
         ("algo.loss=ppo2", r"unknown policy loss 'ppo2'; valid: .*ppo.*vanilla"),
         ("algo.aggregation=tokenmean", r"unknown loss aggregation 'tokenmean'; valid: .*token_mean"),
         ("algo.std_scope=global", r"algo.std_scope: unknown 'global'; valid: group, batch"),
+        ("algo.micro_batch_size=0", r"algo.micro_batch_size must be >= 1 .* got 0 and 0"),
+        ("algo.logprob_micro_batch_size=-2", r"algo.logprob_micro_batch_size >= 0 .* got \d+ and -2"),
     ],
 )
 def test_unknown_algorithm_names_list_the_valid_ones(tmp_path, override, message):

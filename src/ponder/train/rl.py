@@ -136,7 +136,7 @@ class RLTrainer:
             raise TrainingError(f"step {self.step + 1}: a reward is NaN or infinite; last good checkpoint kept")
         batch = collate(trajectories, self.policy.tokenizer.pad_token_id, self.recipe.reward.search_cost)
         tick = time.perf_counter()
-        micro = algo.micro_batch_size
+        micro = algo.logprob_micro_batch_size or algo.micro_batch_size
         if algo.kl_coef > 0:
             batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature, reference=True)
         if self.value_head is not None:
@@ -248,7 +248,8 @@ class RLTrainer:
 
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
-    KL, std scope or SFT behaviour, and for an SFT oracle_fraction outside [0, 1]."""
+    KL, std scope or SFT behaviour, for an SFT oracle_fraction outside [0, 1], and for
+    micro-batch sizes below 1 (update) or 0 (no-grad passes)."""
     if recipe.sft.behaviour not in BEHAVIOURS:
         raise ValueError(f"sft.behaviour: unknown '{recipe.sft.behaviour}'; valid: {', '.join(BEHAVIOURS)}")
     if not 0.0 <= recipe.sft.oracle_fraction <= 1.0:
@@ -259,6 +260,11 @@ def check_recipe(recipe: Recipe) -> None:
     KL_ESTIMATORS.get(recipe.algo.kl_estimator)
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
+    if recipe.algo.micro_batch_size < 1 or recipe.algo.logprob_micro_batch_size < 0:
+        raise ValueError(
+            f"algo.micro_batch_size must be >= 1 and algo.logprob_micro_batch_size >= 0 (0: same as micro_batch_size), "
+            f"got {recipe.algo.micro_batch_size} and {recipe.algo.logprob_micro_batch_size}"
+        )
 
 
 def _seed_everything(seed: int) -> None:
