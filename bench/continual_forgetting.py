@@ -43,6 +43,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--recipe", default="recipes/pipeline_search_qa.yaml", help="env and rollout settings"
     )
+    parser.add_argument(
+        "--world-eval-tasks", type=int, default=64,
+        help="taskgen.n_eval of the world the families come from, pinned so the held-out "
+        "demonstrations do not move when the recipe's evaluation size changes",
+    )
     parser.add_argument("--train-per-family", type=int, default=16)
     parser.add_argument("--eval-per-family", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8, help="SFT steps per family")
@@ -52,7 +57,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--replay-ratio", type=float, default=0.5)
     parser.add_argument(
         "--ewc-lambda", type=float, default=1e4,
-        help="EWC penalty weight (1e3 changed nothing here, 1e5 and up froze the model; docs/results-pipeline.md)",
+        help="EWC penalty weight (1e3 changed little here, 1e5 and up froze the model; docs/results-pipeline.md)",
     )
     parser.add_argument("--fisher-examples", type=int, default=8)
     parser.add_argument("--methods", default="naive,replay,ewc")
@@ -62,7 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def build_families(args: argparse.Namespace, tokenizer_policy) -> list[Family]:
-    recipe = load_recipe(args.recipe, [f"model.name={args.model}"], cls=PipelineRecipe)
+    overrides = [f"model.name={args.model}", f"env.taskgen.n_eval={args.world_eval_tasks}"]
+    recipe = load_recipe(args.recipe, overrides, cls=PipelineRecipe)
     data = load_search_qa(recipe.env)
     retriever = build_retriever(recipe.retriever.kind, data.corpus)
     families = []

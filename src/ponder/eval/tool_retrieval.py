@@ -99,7 +99,7 @@ def training_examples(data: ToolRetrievalData, config: ContrastiveConfig) -> lis
     return mine_examples(pairs, data.train_tools, bm25.rank_names, config)
 
 
-FUSION_GRID = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # dense vote weights tried; BM25's is 1
+FUSION_GRID = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # dense vote weights tried; BM25's is 1
 FUSION_SELECTED_BY = "validation recall@5 (the agent is offered the top 5), ties by MRR, then the smaller weight"
 
 
