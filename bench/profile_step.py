@@ -1,13 +1,13 @@
 """Where ponder's GRPO bench step spends its time and memory (docs/benchmarks.md, Profile).
 
-Runs ponder's side of `bench/grpo_vs_trl.py` alone (the same trainer, workload and
-settings) for a warm-up step and `--steps` measured ones, and reports:
+Runs ponder's side of `bench/grpo_vs_trl.py` alone on the single-turn workload (the
+same trainer and settings) for a warm-up step and `--steps` measured ones, and reports:
 
 - peak resident memory (RSS) in each phase of the step (generation, reference
   logprobs, update), sampled every 2 ms from /proc/self/statm;
 - a cProfile of the measured steps: the functions with the most time of their own.
 
-    .venv/bin/python bench/profile_step.py --workload single --threads 2
+    .venv/bin/python bench/profile_step.py --threads 2
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ class PhaseMemory:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("single", "tool"), default="single")
     parser.add_argument("--model", default="smollm2-135m", help="a name bench.prepare knows, or a local HF directory")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--micro-batch", type=int, default=2, help="ponder's episodes per forward/backward (0: all)")
@@ -78,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     rl.forward_pass_no_grad = memory.labelled("reference logprobs", rl.forward_pass_no_grad)
     rl.optimise = memory.labelled("update", rl.optimise)
     model = args.model if Path(args.model).is_dir() else str(base_model_dir(args.model))
-    if args.workload == "tool":
-        parser.error("--workload tool needs the SFT-warmed checkpoint: profile it through bench/grpo_vs_trl.py")
-    cfg = BenchConfig(workload=args.workload, model=model, threads=args.threads, micro_batch=args.micro_batch)
+    cfg = BenchConfig(workload="single", model=model, threads=args.threads, micro_batch=args.micro_batch)
     side = PonderSide(cfg)
     side.engine.run = memory.labelled("generation", side.engine.run)  # type: ignore[method-assign]
     memory.phase = "step (other)"

@@ -48,3 +48,22 @@ def test_read_dense_weight(tmp_path):
     assert read_dense_weight(None) is None and read_dense_weight(tmp_path) is None
     (tmp_path / FUSION_FILE).write_text(json.dumps({"dense_weight": 3.0}))
     assert read_dense_weight(tmp_path) == pytest.approx(3.0) and read_dense_weight(str(tmp_path)) == 3.0
+
+
+def test_an_unreadable_fusion_file_is_one_line_naming_it(tmp_path):
+    from ponder.tools.retrieval.toolindex import ToolIndexError
+
+    (tmp_path / FUSION_FILE).write_text('{"dense_weight":')
+    with pytest.raises(ToolIndexError, match=rf"{FUSION_FILE}: unreadable fusion weight .*rerun `ponder tools train`"):
+        read_dense_weight(tmp_path)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"test_fraction": 1.0}, r"--test-fraction must be in \[0, 1\), got 1.0"),
+    ({"validation_fraction": -0.1}, r"--validation-fraction must be in \[0, 1\), got -0.1"),
+])
+def test_split_fractions_outside_zero_one_are_refused(tmp_path, kwargs, message):
+    from ponder.eval.tool_retrieval import prepare_data
+
+    with pytest.raises(ValueError, match=message):  # before any data file is read
+        prepare_data(tmp_path, **kwargs)

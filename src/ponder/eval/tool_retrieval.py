@@ -13,7 +13,6 @@ categories are scored last, as the generalisation test.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,26 +51,23 @@ class ToolRetrievalData:
                 f"held-out queries (test_fraction {self.test_fraction}, seed {self.seed}), {len(self.live)} live queries")
 
 
+VALIDATION_SALT = "validation:"  # an independent coin from the held-out one
+
+
 def is_validation_function(name: str, validation_fraction: float, seed: int) -> bool:
-    """A seeded coin per function name, independent of the held-out coin (another salt)."""
-    digest = hashlib.sha256(f"validation:{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < validation_fraction
+    return is_test_function(name, validation_fraction, seed, VALIDATION_SALT)
 
 
 def _split_validation(queries: list[LabelledQuery], fraction: float, seed: int) -> tuple[list, list]:
     """(train, validation) by function, as the held-out split: mixed queries are dropped."""
-    train, validation = [], []
-    for query in queries:
-        held = [is_validation_function(name, fraction, seed) for name in query.relevant]
-        if all(held) and fraction > 0:
-            validation.append(query)
-        elif not any(held):
-            train.append(query)
-    return train, validation
+    return split_by_function(queries, fraction, seed, VALIDATION_SALT)
 
 
 def prepare_data(data_dir: Path, test_fraction: float = 0.3, seed: int = 0,
                  validation_fraction: float = 0.0) -> ToolRetrievalData:
+    for flag, value in (("--test-fraction", test_fraction), ("--validation-fraction", validation_fraction)):
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{flag} must be in [0, 1), got {value}")
     corpus = load_tool_corpus(data_dir)
     train, test = split_by_function(labelled_queries(data_dir, NON_LIVE), test_fraction, seed)
     train, validation = _split_validation(train, validation_fraction, seed)

@@ -178,6 +178,8 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
 
     config = BfclRunConfig(categories=tuple(args.categories), per_category=args.per_category, seed=args.seed,
                            samples=args.samples, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.samples > 1 and args.temperature <= 0:
         raise ValueError("--samples > 1 needs --temperature > 0 (greedy replies are all the same)")
     options = {"temperature": args.temperature, "seed": args.seed}

@@ -193,9 +193,8 @@ def complete_all(policy: ChatPolicy, chats: list[tuple[list[dict[str, Any]], str
             text = policy.complete(chat, [], config.max_new_tokens, key).text
             replies.append((text, time.perf_counter() - started))
         return replies
-    batch_size = max(config.batch_size, 1)
-    for start in range(0, len(chats), batch_size):
-        chunk = chats[start : start + batch_size]
+    for start in range(0, len(chats), config.batch_size):
+        chunk = chats[start : start + config.batch_size]
         started = time.perf_counter()
         requests = [GenerationRequest(key, policy.render(chat), config.max_new_tokens) for chat, key in chunk]
         generations = policy.backend.generate(requests, [])

@@ -193,20 +193,21 @@ def labelled_queries(data_dir: Path, categories: tuple[str, ...]) -> list[Labell
     return queries
 
 
-def is_test_function(name: str, test_fraction: float, seed: int) -> bool:
-    """A fixed, seeded coin per function name: the held-out split is by function."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+def is_test_function(name: str, test_fraction: float, seed: int, salt: str = "") -> bool:
+    """A fixed, seeded coin per function name: the held-out split is by function. A
+    different `salt` gives an independent coin (the validation split uses one)."""
+    digest = hashlib.sha256(f"{salt}{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
 
 
 def split_by_function(
-    queries: list[LabelledQuery], test_fraction: float = 0.2, seed: int = 0
+    queries: list[LabelledQuery], test_fraction: float = 0.2, seed: int = 0, salt: str = ""
 ) -> tuple[list[LabelledQuery], list[LabelledQuery]]:
     """(train, test): a query is test when all its tools are test functions, train when
     none is; queries mixing both are dropped, so no test tool is ever seen in training."""
     train, test = [], []
     for query in queries:
-        held = [is_test_function(name, test_fraction, seed) for name in query.relevant]
+        held = [is_test_function(name, test_fraction, seed, salt) for name in query.relevant]
         if all(held):
             test.append(query)
         elif not any(held):

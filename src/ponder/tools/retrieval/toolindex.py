@@ -279,7 +279,11 @@ def read_dense_weight(encoder: Any) -> float | None:
     path = Path(encoder) / FUSION_FILE
     if not path.is_file():
         return None
-    return float(json.loads(path.read_text(encoding="utf-8"))["dense_weight"])
+    try:
+        return float(json.loads(path.read_text(encoding="utf-8"))["dense_weight"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ToolIndexError(f"{path}: unreadable fusion weight ({exc!r}); rerun `ponder tools train` "
+                             f"or delete the file to use equal votes") from exc
 
 
 def _model_source(model: SentenceTransformer) -> str:
