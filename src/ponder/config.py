@@ -60,12 +60,16 @@ class SamplingConfig:
     top_p: nucleus sampling mass (1.0 = off).
     max_new_tokens_per_turn: cap on one model action.
     max_total_tokens: cap on prompt + response; the episode stops when reached.
+    decoder: `auto` decodes Llama-family models on the CPU with ponder's lean forward
+        (fused, packed weights: rollout/llama_decode.py), anything else with the
+        transformers model; `transformers` always uses the transformers model.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens_per_turn: int = 96
     max_total_tokens: int = 1024
+    decoder: str = "auto"
 
 
 @dataclass

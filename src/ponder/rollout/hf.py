@@ -34,10 +34,12 @@ from ponder.config import SamplingConfig
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
+from ponder.rollout.llama_decode import lean_decoder
 
 # Stop strings are checked on the decoded tail of each row; this many tokens cover
 # any tag-like stop string while keeping the per-step decode cheap.
 _STOP_WINDOW_TOKENS = 16
+DECODERS = ("auto", "transformers")
 
 
 @dataclass
@@ -52,6 +54,8 @@ class HFBackend:
     """Batched sampling with a KV cache; see module docstring."""
 
     def __init__(self, policy: Policy, sampling: SamplingConfig, seed: int = 0, reuse_kv: bool = True) -> None:
+        if sampling.decoder not in DECODERS:
+            raise ValueError(f"rollout.sampling.decoder: unknown '{sampling.decoder}'; valid: {', '.join(DECODERS)}")
         self.policy = policy
         self.tokenizer = policy.tokenizer
         self.sampling = sampling
@@ -69,14 +73,13 @@ class HFBackend:
         _return_free_memory()
 
     def sampling_model(self) -> Any:
-        """The model to sample from: a copy of the policy with LoRA adapters merged
-        (PEFT's per-layer adapter matmuls double the cost of a decode step, and
-        merging in place would drift the base weights)."""
+        """The model to sample from, with LoRA adapters merged (PEFT's per-layer adapter
+        matmuls double the cost of a decode step, and merging in place would drift the
+        base weights): ponder's lean decoder for Llama-family models on the CPU
+        (`rollout.llama_decode`), else a merged copy of the transformers model."""
         if self._sampler is None:
-            model = copy.deepcopy(self.policy.model)
-            if hasattr(model, "merge_and_unload"):
-                model = model.merge_and_unload()
-            self._sampler = model.eval()
+            lean = lean_decoder(self.policy.model) if self.sampling.decoder == "auto" else None
+            self._sampler = lean if lean is not None else _merged_copy(self.policy.model)
         return self._sampler
 
     @torch.no_grad()
@@ -201,6 +204,13 @@ class HFBackend:
         mask = [[0] * (width - len(c)) + [1] * len(c) for c in contexts]
         device = self.policy.device
         return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+
+def _merged_copy(model: Any) -> Any:
+    model = copy.deepcopy(model)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    return model.eval()
 
 
 def shared_prefix_length(contexts: list[list[int]]) -> int:

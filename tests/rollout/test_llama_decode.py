@@ -1,0 +1,144 @@
+"""ponder's lean Llama-family decoder against the transformers model it replaces."""
+
+import pytest
+import torch
+
+from ponder.config import LoraConfig, SamplingConfig
+from ponder.models import Policy, apply_lora, tiny_policy, tiny_tokenizer
+from ponder.rollout import GenerationRequest, HFBackend
+from ponder.rollout.kv import SlabCache
+from ponder.rollout.llama_decode import LlamaDecoder, attention_slots, lean_decoder
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def with_trained_lora(policy: Policy) -> Policy:
+    """LoRA on every linear layer with non-zero B, so merging the adapters matters."""
+    policy = apply_lora(policy, LoraConfig(r=4, alpha=8))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return policy
+
+
+def tiny_qwen2() -> Policy:
+    """A tiny Qwen2: biases on q, k and v, which Llama lacks."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).eval()
+        for layer in model.model.layers:
+            torch.nn.init.normal_(layer.self_attn.q_proj.bias, std=0.5)
+            torch.nn.init.normal_(layer.self_attn.k_proj.bias, std=0.5)
+    return Policy(model, tokenizer, "qwen2-tiny", torch.device("cpu"))
+
+
+def both_forwards(policy: Policy, lean: LlamaDecoder, input_ids, attention_mask, position_ids, caches):
+    """The transformers model's and the lean decoder's logits on the same call."""
+    with torch.no_grad():
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+        expected = policy.model(past_key_values=caches[0], **kwargs).logits
+        actual = lean(past_key_values=caches[1], **kwargs).logits
+    return expected, actual
+
+
+@pytest.mark.parametrize("make", [lambda: with_trained_lora(tiny_policy(seed=0)), tiny_qwen2], ids=["llama+lora", "qwen2"])
+def test_logits_equal_the_transformers_model_through_prefill_and_decode(make):
+    policy = make()
+    lean = lean_decoder(policy.model)
+    assert isinstance(lean, LlamaDecoder)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, 300, (3, 7), generator=generator)
+    attention_mask = torch.ones(3, 7, dtype=torch.long)
+    attention_mask[0, :3] = 0  # a left-padded row
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    layers = policy.model.config.num_hidden_layers
+    caches = [SlabCache(layers, 12, [None] * 3, 0) for _ in range(2)]
+    expected, actual = both_forwards(policy, lean, input_ids, attention_mask, position_ids, caches)
+    real = attention_mask.bool()
+    assert expected.abs().max() > 0.1  # not a degenerate all-zero comparison
+    assert torch.allclose(actual[real], expected[real], atol=1e-5)
+    assert torch.isfinite(actual).all()  # padding positions stay finite (no empty softmax row)
+    for _ in range(4):  # decode steps write into the same caches (and grow past capacity 12)
+        input_ids = torch.randint(5, 300, (3, 1), generator=generator)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(3, 1)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+        expected, actual = both_forwards(policy, lean, input_ids, attention_mask, position_ids, caches)
+        assert torch.allclose(actual, expected, atol=1e-5)
+
+
+def test_the_decoder_snapshots_the_weights_it_was_built_from():
+    policy = with_trained_lora(tiny_policy(seed=0))
+    lean = lean_decoder(policy.model)
+    ids = torch.tensor([[5, 6, 7]])
+    mask, positions = torch.ones_like(ids), torch.arange(3).unsqueeze(0)
+    layers = policy.model.config.num_hidden_layers
+    before = lean(ids, mask, positions, SlabCache(layers, 3, [None], 0)).logits
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(1.0)
+    after = lean(ids, mask, positions, SlabCache(layers, 3, [None], 0)).logits
+    rebuilt = lean_decoder(policy.model)(ids, mask, positions, SlabCache(layers, 3, [None], 0)).logits
+    assert torch.equal(before, after)  # a training step does not leak into a running rollout
+    assert not torch.allclose(before, rebuilt, atol=1e-3)  # the backend's refresh() picks it up
+
+
+def test_greedy_generation_is_the_same_with_either_decoder():
+    policy = with_trained_lora(tiny_policy(seed=0))
+    tokenizer = policy.tokenizer
+    contexts = ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<think>I need to search"]
+    requests = [GenerationRequest(f"r{i}", tokenizer.encode(c), 9) for i, c in enumerate(contexts)]
+    runs = {}
+    for decoder in ("auto", "transformers"):
+        backend = HFBackend(policy, SamplingConfig(temperature=0.0, decoder=decoder), seed=0)
+        runs[decoder] = (type(backend.sampling_model()).__name__, backend.generate(requests, []))
+    assert runs["auto"][0] == "LlamaDecoder" and runs["transformers"][0] != "LlamaDecoder"
+    lean, reference = runs["auto"][1], runs["transformers"][1]
+    assert [g.token_ids for g in lean] == [g.token_ids for g in reference]
+    for a, b in zip(lean, reference):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_models_it_does_not_cover_fall_back_to_transformers():
+    policy = tiny_policy(seed=0)
+    policy.model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert lean_decoder(policy.model) is None
+    backend = HFBackend(policy, SamplingConfig(temperature=0.0), seed=0)
+    assert type(backend.sampling_model()).__name__ == "LlamaForCausalLM"
+
+
+def test_unknown_decoder_name_is_refused():
+    with pytest.raises(ValueError, match="rollout.sampling.decoder: unknown 'vllm'; valid: auto, transformers"):
+        HFBackend(tiny_policy(seed=0), SamplingConfig(decoder="vllm"))
+
+
+def test_attention_slots_by_hand():
+    # Row 0: one padded past slot, one real past slot, then two new tokens.
+    # Row 1: two real past slots; its first new token is padding (left-padded new tokens).
+    attention_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 1]])
+    visible = attention_slots(attention_mask, new_tokens=2)
+    assert visible.shape == (2, 1, 2, 4)
+    expected = torch.tensor(
+        [
+            [[0, 1, 1, 0], [0, 1, 1, 1]],
+            [[1, 1, 1, 0], [1, 1, 0, 1]],  # the padding token sees its own slot, nobody else does
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(visible[:, 0], expected)
