@@ -51,7 +51,8 @@ class BenchConfig:
     threads: torch.set_num_threads in each worker.
     micro_batch: ponder's episodes per forward/backward in the update (gradient
         accumulation, the same gradient as one pass; 0 = the whole batch in one pass,
-        as TRL does here). Smaller micro-batches bound the update's activation memory.
+        as TRL does here). Smaller micro-batches bound the update's activation memory;
+        4 = one GRPO group per micro-batch, whose shared prompt is then read once.
     warmup / steps: unmeasured then measured steps per system.
     """
 
@@ -71,7 +72,7 @@ class BenchConfig:
     lora_r: int = 16
     lora_alpha: int = 32
     threads: int = 2
-    micro_batch: int = 2
+    micro_batch: int = 4
     warmup: int = 1
     steps: int = 5
 

@@ -226,7 +226,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--loss-type", choices=sorted(LOSS_TYPES), default="dapo")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--micro-batch", type=int, default=2,
+    parser.add_argument("--micro-batch", type=int, default=4,
                         help="ponder's episodes per forward/backward in the update (0: whole batch, one pass)")
     parser.add_argument("--sft-steps", type=int, default=40)
     parser.add_argument("--sft-examples", type=int, default=64)

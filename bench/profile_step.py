@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="a name bench.prepare knows, or a local HF directory")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--micro-batch", type=int, default=2, help="ponder's episodes per forward/backward (0: all)")
+    parser.add_argument("--micro-batch", type=int, default=4, help="ponder's episodes per forward/backward (0: all)")
     parser.add_argument("--steps", type=int, default=2, help="measured (profiled) steps after one warm-up step")
     parser.add_argument("--top", type=int, default=15, help="functions listed, by own time")
     args = parser.parse_args(argv)

@@ -79,12 +79,13 @@ def parameter_count(model: Any) -> int:
     return total
 
 
-def rollout_throughput(policy: Any, batch: int, new_tokens: int, reps: int) -> dict[str, float]:
+def rollout_throughput(policy: Any, batch: int, new_tokens: int, reps: int, decoder: str = "auto") -> dict[str, float]:
     """Sampled tokens per second of ponder's HFBackend for `batch` copies of one prompt."""
     from ponder.config import SamplingConfig
     from ponder.rollout import GenerationRequest, HFBackend
 
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=new_tokens, max_total_tokens=4096)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=new_tokens, max_total_tokens=4096,
+                              decoder=decoder)
     backend = HFBackend(policy, sampling, seed=0, reuse_kv=True)
     text = policy.tokenizer.apply_chat_template(
         [{"role": "user", "content": STORY_PROMPT}], tokenize=False, add_generation_prompt=True
@@ -189,7 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--batches", default="1,8,32", help="generation batch sizes, comma-separated")
+    parser.add_argument("--batches", default="1,8,32,128", help="generation batch sizes, comma-separated")
+    parser.add_argument("--decoder", default="auto", choices=["auto", "transformers"],
+                        help="the hf backend's decoder: ponder's lean Llama forward (auto) or the transformers model's")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--train-batch", type=int, default=8)
     parser.add_argument("--train-length", type=int, default=256)
@@ -229,13 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         "matmul_n": args.matmul_n,
         "train_batch": args.train_batch,
         "train_length": args.train_length,
+        "decoder": args.decoder,
     }
     with torch.no_grad():
         measured["matmul_flops_per_s"] = matmul_flops(args.matmul_n, args.reps)
         measured["bandwidth"] = bandwidth(args.buffer_mib, args.reps)
     policy = load_policy(args.model, "float32", "cpu")
     measured["params"] = parameter_count(policy.model)
-    measured["rollout"] = {str(b): rollout_throughput(policy, b, args.new_tokens, args.reps) for b in batches}
+    measured["rollout"] = {str(b): rollout_throughput(policy, b, args.new_tokens, args.reps, args.decoder)
+                          for b in batches}
     measured["training"] = training_throughput(policy, args.train_batch, args.train_length, args.reps)
     print(report(measured))
     measured["generation"] = generation_rows(measured, measured["params"])
