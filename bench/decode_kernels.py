@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.roofline import best_time  # noqa: E402
 
 
 def shapes(config) -> dict[str, tuple[int, int, int]]:
@@ -35,16 +37,6 @@ def shapes(config) -> dict[str, tuple[int, int, int]]:
         "down": (hidden, inner, layers),
         "head": (config.vocab_size, hidden, 1),
     }
-
-
-def best_time(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        tick = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - tick)
-    return min(times)
 
 
 def main(argv: list[str] | None = None) -> int:

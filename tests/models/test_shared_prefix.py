@@ -4,21 +4,14 @@ import pytest
 import torch
 
 import ponder.models.value_head as value_head
-from ponder.config import LoraConfig
-from ponder.models import apply_lora, tiny_policy
+from ponder.models import tiny_policy
 from ponder.models.value_head import forward_policy, shared_prefix_length
 from ponder.train.update import micro_batch_order
 
 
 @pytest.fixture(scope="module")
-def lora_policy():
-    policy = apply_lora(tiny_policy(seed=0), LoraConfig(r=4, alpha=8))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return policy
+def lora_policy(trained_lora):
+    return trained_lora(tiny_policy(seed=0))
 
 
 def right_padded(rows: list[list[int]], prompt: int):

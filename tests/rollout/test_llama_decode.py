@@ -3,30 +3,11 @@
 import pytest
 import torch
 
-from ponder.config import LoraConfig, SamplingConfig
-from ponder.models import Policy, apply_lora, tiny_policy, tiny_tokenizer
+from ponder.config import SamplingConfig
+from ponder.models import Policy, tiny_policy, tiny_tokenizer
 from ponder.rollout import GenerationRequest, HFBackend
 from ponder.rollout.kv import SlabCache
 from ponder.rollout.llama_decode import LlamaDecoder, attention_slots, lean_decoder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def with_trained_lora(policy: Policy) -> Policy:
-    """LoRA on every linear layer with non-zero B, so merging the adapters matters."""
-    policy = apply_lora(policy, LoraConfig(r=4, alpha=8))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return policy
 
 
 def tiny_qwen2() -> Policy:
@@ -57,9 +38,9 @@ def both_forwards(policy: Policy, lean: LlamaDecoder, input_ids, attention_mask,
     return expected, actual
 
 
-@pytest.mark.parametrize("make", [lambda: with_trained_lora(tiny_policy(seed=0)), tiny_qwen2], ids=["llama+lora", "qwen2"])
-def test_logits_equal_the_transformers_model_through_prefill_and_decode(make):
-    policy = make()
+@pytest.mark.parametrize("architecture", ["llama+lora", "qwen2"])
+def test_logits_equal_the_transformers_model_through_prefill_and_decode(architecture, trained_lora):
+    policy = trained_lora(tiny_policy(seed=0)) if architecture == "llama+lora" else tiny_qwen2()
     lean = lean_decoder(policy.model)
     assert isinstance(lean, LlamaDecoder)
     generator = torch.Generator().manual_seed(0)
@@ -82,8 +63,8 @@ def test_logits_equal_the_transformers_model_through_prefill_and_decode(make):
         assert torch.allclose(actual, expected, atol=1e-5)
 
 
-def test_the_decoder_snapshots_the_weights_it_was_built_from():
-    policy = with_trained_lora(tiny_policy(seed=0))
+def test_the_decoder_snapshots_the_weights_it_was_built_from(trained_lora):
+    policy = trained_lora(tiny_policy(seed=0))
     lean = lean_decoder(policy.model)
     ids = torch.tensor([[5, 6, 7]])
     mask, positions = torch.ones_like(ids), torch.arange(3).unsqueeze(0)
@@ -99,8 +80,8 @@ def test_the_decoder_snapshots_the_weights_it_was_built_from():
     assert not torch.allclose(before, rebuilt, atol=1e-3)  # the backend's refresh() picks it up
 
 
-def test_greedy_generation_is_the_same_with_either_decoder():
-    policy = with_trained_lora(tiny_policy(seed=0))
+def test_greedy_generation_is_the_same_with_either_decoder(trained_lora):
+    policy = trained_lora(tiny_policy(seed=0))
     tokenizer = policy.tokenizer
     contexts = ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<think>I need to search"]
     requests = [GenerationRequest(f"r{i}", tokenizer.encode(c), 9) for i, c in enumerate(contexts)]
