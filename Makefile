@@ -86,6 +86,7 @@ bench: bench-setup
 # Both benchmarks on the tiny model in a few tokens: checks the harness, measures nothing.
 bench-smoke: bench-setup
 	$(PY) bench/roofline.py --smoke
+	$(PY) bench/decode_kernels.py --smoke
 	$(PY) bench/grpo_vs_trl.py --smoke
 
 clean:

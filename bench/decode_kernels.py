@@ -1,6 +1,7 @@
 """Matrix products of a decode step, sgemm against oneDNN's blocked weights.
 
     python bench/decode_kernels.py [--threads 2] [--batches 1,8,32] [--model smollm2-135m]
+    python bench/decode_kernels.py --smoke      # tiny model, one rep: checks the script only
 
 For each weight shape of the model's decoder (q|k|v fused, o, gate|up fused, down and
 the vocabulary head) and each batch size, times `F.linear` (MKL sgemm on nn.Linear's
@@ -39,20 +40,29 @@ def shapes(config) -> dict[str, tuple[int, int, int]]:
     }
 
 
+def model_config(model: str):
+    from transformers import AutoConfig
+
+    from ponder.models import tiny_policy
+    from ponder.models.loading import embedded_model_dir
+
+    if model == "tiny":
+        return tiny_policy().model.config
+    return AutoConfig.from_pretrained(embedded_model_dir() if model == "smollm2-135m" else model)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m", help="a model name or directory (only its config is read)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true", help="ponder's tiny model, batches 1 and 2, one rep")
     args = parser.parse_args(argv)
-    from transformers import AutoConfig
-
-    from ponder.models.loading import embedded_model_dir
-
+    if args.smoke:
+        args.model, args.batches, args.reps = "tiny", "1,2", 1
     torch.set_num_threads(args.threads)
-    source = embedded_model_dir() if args.model == "smollm2-135m" else args.model
-    config = AutoConfig.from_pretrained(source)
+    config = model_config(args.model)
     print(f"{args.model}, fp32, {args.threads} threads; ms per decode step (weight GB/s)")
     print("| batch | matrix | sgemm (F.linear) | oneDNN blocked | speed-up |")
     print("|---|---|---|---|---|")

@@ -55,3 +55,12 @@ def test_roofline_smoke(tmp_path):
     assert [row["batch"] for row in measured["generation"]] == [1, 2]
     assert all(0 < row["fraction_of_roofline"] < 1 for row in measured["generation"])
     assert 0 < measured["training"]["fraction_of_compute_roofline_6p"] < 1
+
+
+def test_decode_kernels_smoke(tmp_path):
+    stdout = _run("decode_kernels.py", tmp_path, "--threads", "1")
+    rows = [line.split(" | ") for line in stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    names = [row[1] for row in rows]
+    assert names == ["q|k|v", "o", "gate|up", "down", "head", "all"] * 2  # both batch sizes, every matrix
+    speedups = [float(row[-1].rstrip("x |")) for row in rows]
+    assert all(speedup > 0 for speedup in speedups)  # both kernels timed (ms are printed rounded)

@@ -24,7 +24,6 @@ checks its logits against the transformers model's. Models it does not cover
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +36,9 @@ _ARCHITECTURES = {"llama", "qwen2"}
 # and nearly as fast at 1, while square and narrow ones (q|k|v, o, down) measured
 # 0.6-0.7x at 1 row and about even at 8-32 (bench/decode_kernels.py).
 _PACK_MIN_ASPECT = 4
+# ... and big enough: a oneDNN call costs ~25 µs more than sgemm's, which small
+# matrices never win back (a tiny test model's measured 0.15-0.3x).
+_PACK_MIN_ELEMENTS = 1 << 20
 # The batch size the blocked layout is tuned for (any batch size works with it; hints
 # of 8, 32 and 128 measured the same on SmolLM2 at batch 8, 32 and 128).
 _PACK_BATCH_HINT = 32
@@ -50,11 +52,11 @@ class DecoderOutput:
 @dataclass
 class _Layer:
     input_norm: torch.Tensor
-    qkv: Callable[[torch.Tensor], torch.Tensor]
-    o: Callable[[torch.Tensor], torch.Tensor]
+    qkv: _Linear
+    o: _Linear
     post_norm: torch.Tensor
-    gate_up: Callable[[torch.Tensor], torch.Tensor]
-    down: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: _Linear
+    down: _Linear
 
 
 def lean_decoder(model: Any) -> LlamaDecoder | None:
@@ -94,7 +96,7 @@ class LlamaDecoder:
         self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
         self.embed = model.model.embed_tokens.weight.detach()
         self.final_norm = model.model.norm.weight.detach()
-        self.head = _linear(effective_weight(model.lm_head), None)
+        self.head = _Linear(effective_weight(model.lm_head), None)
         self.layers = [self._layer(block) for block in model.model.layers]
 
     def _layer(self, block: Any) -> _Layer:
@@ -104,11 +106,11 @@ class LlamaDecoder:
         qkv_bias = None if all(b is None for b in biases) else torch.cat([_bias_or_zeros(p) for p in projections])
         return _Layer(
             input_norm=block.input_layernorm.weight.detach(),
-            qkv=_linear(torch.cat([effective_weight(p) for p in projections]), qkv_bias),
-            o=_linear(effective_weight(attn.o_proj), _bias(attn.o_proj)),
+            qkv=_Linear(torch.cat([effective_weight(p) for p in projections]), qkv_bias),
+            o=_Linear(effective_weight(attn.o_proj), _bias(attn.o_proj)),
             post_norm=block.post_attention_layernorm.weight.detach(),
-            gate_up=_linear(torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)]), None),
-            down=_linear(effective_weight(mlp.down_proj), None),
+            gate_up=_Linear(torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)]), None),
+            down=_Linear(effective_weight(mlp.down_proj), None),
         )
 
     @torch.no_grad()
@@ -189,12 +191,21 @@ def _bias_or_zeros(module: Any) -> torch.Tensor:
     return base.bias.detach() if base.bias is not None else base.weight.new_zeros(base.weight.shape[0])
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> x @ weightᵀ + bias; a wide fp32 weight in oneDNN's blocked layout."""
-    if weight.shape[0] >= _PACK_MIN_ASPECT * weight.shape[1] and _can_pack(weight):
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_BATCH_HINT)
-        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return lambda x: F.linear(x, weight, bias)
+class _Linear:
+    """x -> x @ weightᵀ + bias; a wide, big fp32 weight in oneDNN's blocked layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        wide = weight.shape[0] >= _PACK_MIN_ASPECT * weight.shape[1] and weight.numel() >= _PACK_MIN_ELEMENTS
+        self.packed = wide and _can_pack(weight)
+        self.bias = bias
+        self.weight = (
+            torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_BATCH_HINT) if self.packed else weight
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
