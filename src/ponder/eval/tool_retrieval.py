@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ponder.eval.bfcl.data import (
-    LIVE, NON_LIVE, LabelledQuery, ToolCorpus, definition_to_spec, is_test_function, labelled_queries,
-    load_questions, load_tool_corpus, split_by_function,
+    LIVE, NON_LIVE, LabelledQuery, ToolCorpus, definition_to_spec, function_coin, is_test_function,
+    labelled_queries, load_questions, load_tool_corpus, split_by_function, split_queries,
 )
 from ponder.eval.ranking import ranking_report
 from ponder.tools.retrieval.corpus import Hit
@@ -131,6 +131,52 @@ def tune_fusion(data: ToolRetrievalData, encoder: Any, depth: int = 50, rrf_k: i
     return {"dense_weight": weight, "bm25_weight": 1.0, "rrf_k": rrf_k, "depth": depth, "grid": list(FUSION_GRID),
             "selected_by": FUSION_SELECTED_BY, "validation_queries": len(queries),
             "validation_fraction": data.validation_fraction, "split_seed": data.seed, "sweep": sweep,
+            "single_retrievers": singles}
+
+
+FOLD_SALT = "fold:"  # independent of the held-out and validation coins
+
+
+def function_fold(name: str, folds: int, seed: int) -> int:
+    """The cross-validation fold (0 .. folds-1) of a training function: a seeded coin."""
+    return min(int(function_coin(name, seed, FOLD_SALT) * folds), folds - 1)
+
+
+def fold_data(data: ToolRetrievalData, fold: int, folds: int) -> tuple[ToolRetrievalData, list[LabelledQuery]]:
+    """(training data without fold `fold`'s functions, the fold's queries): by function,
+    as the held-out split; queries mixing the fold's and other tools are dropped."""
+    in_fold = lambda name: function_fold(name, folds, data.seed) == fold  # noqa: E731
+    train, validation = split_queries(data.train, in_fold)
+    tools = {name: text for name, text in data.train_tools.items() if not in_fold(name)}
+    return replace(data, train=train, train_tools=tools, validation=[]), validation
+
+
+def cross_validated_fusion(data: ToolRetrievalData, config: ContrastiveConfig, folds: int,
+                           train: Callable[[list[ContrastiveExample]], Any], say: Callable[[str], None] = print,
+                           depth: int = 50, rrf_k: int = 60) -> dict[str, Any]:
+    """The hybrid's dense weight chosen by `folds`-fold cross-validation over the training
+    functions: per fold an encoder trained (`train(examples) -> model`) without the fold's
+    functions ranks the fold's queries; the weight is chosen by FUSION_SELECTED_BY on
+    every fold's rankings pooled (each training query scored once, by an encoder that
+    never saw its tools). Held-out and live queries are never used."""
+    if data.validation:
+        raise ValueError("cross-validation folds the training functions: prepare the data with validation_fraction 0")
+    bm25_index = ToolIndex(data.corpus.specs, kind="bm25")
+    bm25, dense, relevant = [], [], []
+    for fold in range(folds):
+        part, validation = fold_data(data, fold, folds)
+        model = train(training_examples(part, config))
+        queries = [q.query for q in validation]
+        bm25 += bm25_index.rank_names(queries, depth)
+        dense += ToolIndex(data.corpus.specs, kind="dense", encoder=model).rank_names(queries, depth)
+        relevant += [q.relevant for q in validation]
+        say(f"fold {fold + 1}/{folds}: trained on {len(part.train)} queries, ranked {len(validation)}")
+    weight, sweep = fusion_sweep(bm25, dense, relevant, rrf_k=rrf_k)
+    singles = {"bm25": ranking_report([r[:10] for r in bm25], relevant),
+               "dense": ranking_report([r[:10] for r in dense], relevant)}
+    return {"dense_weight": weight, "bm25_weight": 1.0, "rrf_k": rrf_k, "depth": depth, "grid": list(FUSION_GRID),
+            "selected_by": f"{folds}-fold cross-validation over the training functions, pooled: {FUSION_SELECTED_BY}",
+            "validation_queries": len(relevant), "folds": folds, "split_seed": data.seed, "sweep": sweep,
             "single_retrievers": singles}
 
 

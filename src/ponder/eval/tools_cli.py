@@ -26,7 +26,7 @@ def _data(args: argparse.Namespace) -> Any:
 
 
 def cmd_tools_train(args: argparse.Namespace) -> int:
-    from ponder.eval.tool_retrieval import training_examples, tune_fusion
+    from ponder.eval.tool_retrieval import cross_validated_fusion, training_examples, tune_fusion
     from ponder.fileio import write_text_atomic
     from ponder.tools.retrieval.finetune import ContrastiveConfig, save_encoder, train_encoder
     from ponder.tools.retrieval.toolindex import FUSION_FILE
@@ -34,6 +34,10 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
     config = ContrastiveConfig(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr,
                                hard_negatives=args.hard_negatives, max_steps=args.max_steps, seed=args.seed,
                                max_seq_length=args.max_seq_length)
+    if args.folds == 1 or args.folds < 0:
+        raise ValueError(f"--folds must be 0 (off) or at least 2, got {args.folds}")
+    if args.folds:
+        args.validation_fraction = 0.0  # the folds cover every training function
     data = _data(args)
     examples = training_examples(data, config)
     print(f"ponder tools train: {len(examples)} examples, {config.hard_negatives} hard negative(s) each", file=sys.stderr)
@@ -42,14 +46,20 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
         if step == 1 or step % 10 == 0 or step == total:
             print(f"step {step}/{total} loss {loss:.4f}", file=sys.stderr, flush=True)
 
+    fusion = None
+    if args.folds > 0:
+        fusion = cross_validated_fusion(data, config, args.folds, lambda part: train_encoder(part, config)[0],
+                                        say=lambda text: print(f"ponder tools train: {text}", file=sys.stderr))
     model, result = train_encoder(examples, config, on_step=on_step)
     extra = {"split": {"test_fraction": data.test_fraction, "seed": data.seed, "train_queries": len(data.train),
-                       "validation_fraction": data.validation_fraction, "validation_queries": len(data.validation)}}
+                       "validation_fraction": data.validation_fraction, "validation_queries": len(data.validation),
+                       "folds": args.folds}}
     out = save_encoder(model, args.out, result, config, extra)
     first, last = result.losses[0], sum(result.losses[-5:]) / len(result.losses[-5:])
     print(f"ponder tools train: {result.steps} steps in {result.seconds:.0f} s, loss {first:.3f} → {last:.3f}; saved {out}")
     if data.validation:
         fusion = tune_fusion(data, model)
+    if fusion is not None:
         write_text_atomic(out / FUSION_FILE, json.dumps(fusion, indent=2))
         for row in fusion["sweep"]:
             print(f"validation: dense weight {row['dense_weight']:g}: recall@5 {row['recall@5']:.3f} "
@@ -143,6 +153,10 @@ def register(commands: Any) -> None:
     train.add_argument("--validation-fraction", type=float, default=0.2,
                        help="share of the training functions held out to choose the hybrid's dense weight "
                             "(written to fusion.json; 0: no validation, no fusion.json; default 0.2)")
+    train.add_argument("--folds", type=int, default=0,
+                       help="instead of a validation split: choose the dense weight by K-fold cross-validation "
+                            "over the training functions (K extra trainings), then train on all of them "
+                            "(replaces --validation-fraction; default 0: off)")
     train.set_defaults(handler=cmd_tools_train)
 
     evaluate = sub.add_parser("eval", help="recall@1/5/10, MRR, nDCG@10: BM25, base, fine-tuned, hybrid")

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,11 +194,17 @@ def labelled_queries(data_dir: Path, categories: tuple[str, ...]) -> list[Labell
     return queries
 
 
+def function_coin(name: str, seed: int, salt: str = "") -> float:
+    """A fixed, seeded uniform number in [0, 1) per function name; a different `salt`
+    gives an independent one."""
+    digest = hashlib.sha256(f"{salt}{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def is_test_function(name: str, test_fraction: float, seed: int, salt: str = "") -> bool:
     """A fixed, seeded coin per function name: the held-out split is by function. A
     different `salt` gives an independent coin (the validation split uses one)."""
-    digest = hashlib.sha256(f"{salt}{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < test_fraction
+    return function_coin(name, seed, salt) < test_fraction
 
 
 def split_by_function(
@@ -205,11 +212,19 @@ def split_by_function(
 ) -> tuple[list[LabelledQuery], list[LabelledQuery]]:
     """(train, test): a query is test when all its tools are test functions, train when
     none is; queries mixing both are dropped, so no test tool is ever seen in training."""
-    train, test = [], []
+    return split_queries(queries, lambda name: is_test_function(name, test_fraction, seed, salt))
+
+
+def split_queries(
+    queries: list[LabelledQuery], held_out: Callable[[str], bool]
+) -> tuple[list[LabelledQuery], list[LabelledQuery]]:
+    """(kept, held): held when `held_out` says so of all the query's tools, kept when of
+    none; queries mixing both are dropped."""
+    kept, held = [], []
     for query in queries:
-        held = [is_test_function(name, test_fraction, seed, salt) for name in query.relevant]
-        if all(held):
-            test.append(query)
-        elif not any(held):
-            train.append(query)
-    return train, test
+        marks = [held_out(name) for name in query.relevant]
+        if all(marks):
+            held.append(query)
+        elif not any(marks):
+            kept.append(query)
+    return kept, held
