@@ -67,3 +67,75 @@ def test_split_fractions_outside_zero_one_are_refused(tmp_path, kwargs, message)
 
     with pytest.raises(ValueError, match=message):  # before any data file is read
         prepare_data(tmp_path, **kwargs)
+
+
+def _cv_data(n_tools=40):
+    """A small training set by hand: tool i answers queries about word i (and pairs of
+    neighbours), over a corpus of real ToolSpecs."""
+    from ponder.eval.bfcl.data import ToolCorpus
+    from ponder.eval.tool_retrieval import ToolRetrievalData
+    from ponder.tools.retrieval.toolindex import tool_text
+    from ponder.types import ToolSpec
+
+    words = ["weather", "stock", "flight", "recipe", "translate", "convert", "calendar", "email", "map", "music"]
+    specs = [ToolSpec(f"tool_{i}", f"look up {words[i % 10]} number {i}", {"type": "object", "properties": {}})
+             for i in range(n_tools)]
+    queries = [LabelledQuery(f"q{i}", "simple_python", f"please {words[i % 10]} number {i}", {f"tool_{i}"})
+               for i in range(n_tools)]
+    queries += [LabelledQuery(f"p{i}", "parallel", f"{words[i % 10]} {i} and {i + 1}", {f"tool_{i}", f"tool_{i + 1}"})
+                for i in range(0, n_tools - 1, 3)]
+    corpus = ToolCorpus(specs, read=n_tools, variants=n_tools)
+    return ToolRetrievalData(corpus, queries, [], [], {s.name: tool_text(s) for s in specs}, 0.3, 0)
+
+
+def test_folds_partition_the_training_functions_and_queries():
+    from ponder.eval.tool_retrieval import fold_data, function_fold
+
+    data = _cv_data()
+    folds = [function_fold(spec.name, 4, 0) for spec in data.corpus.specs]
+    assert set(folds) == {0, 1, 2, 3} and folds == [function_fold(s.name, 4, 0) for s in data.corpus.specs]
+    seen = []
+    for fold in range(4):
+        part, validation = fold_data(data, fold, 4)
+        held = {name for q in validation for name in q.relevant}
+        assert all(function_fold(name, 4, 0) == fold for name in held)
+        assert not held & {name for q in part.train for name in q.relevant}  # never trained on
+        assert not held & set(part.train_tools)  # nor mined as a hard negative
+        seen += [q.id for q in validation]
+    assert len(seen) == len(set(seen))  # each query scored by at most one fold
+    single = [q.id for q in data.train if len(q.relevant) == 1]
+    assert set(single) <= set(seen)  # a one-tool query always lands in its tool's fold
+
+
+def test_cross_validated_fusion_pools_out_of_fold_rankings():
+    from ponder.eval.tool_retrieval import cross_validated_fusion, function_fold
+    from ponder.tools.retrieval.finetune import ContrastiveConfig
+    from ponder.tools.retrieval.toolindex import load_tool_encoder
+
+    data = _cv_data()
+    encoder = load_tool_encoder(None)  # the base encoder stands in for each fold's training
+    trained_on = []
+
+    def train(examples):
+        trained_on.append({example.positive_id for example in examples})
+        return encoder
+
+    fusion = cross_validated_fusion(data, ContrastiveConfig(hard_negatives=0), 3, train, say=lambda _: None)
+    assert len(trained_on) == 3
+    for fold, names in enumerate(trained_on):
+        assert names and all(function_fold(name, 3, 0) != fold for name in names)
+    assert fusion["folds"] == 3 and fusion["dense_weight"] in fusion["grid"]
+    assert 0 < fusion["validation_queries"] <= len(data.train)
+    chosen = max(fusion["sweep"], key=lambda row: (row["recall@5"], row["mrr"], -row["dense_weight"]))
+    assert chosen["dense_weight"] == fusion["dense_weight"]
+    assert fusion["single_retrievers"]["bm25"]["recall@5"] > 0.5  # the queries name their tool's words
+
+
+def test_cross_validation_refuses_a_validation_split_too():
+    from dataclasses import replace
+
+    from ponder.eval.tool_retrieval import cross_validated_fusion
+
+    data = _cv_data()
+    with pytest.raises(ValueError, match="validation_fraction 0"):
+        cross_validated_fusion(replace(data, validation=data.train[:2]), None, 3, lambda _: None)

@@ -6,7 +6,9 @@ tool name decides which tools are held out, test queries need only held-out tool
 training queries none. A second seeded coin carves validation functions out of the
 training functions in the same way: the encoder never trains on their queries, and the
 hybrid's fusion weight is chosen on them, so nothing is tuned on held-out or live
-queries. Training sees only non-live training queries, and its hard negatives come only
+queries. Or, with K folds, every training function is a validation function once: K
+encoders each trained without one fold score that fold's queries, the weight is chosen
+on all of them pooled, and the final encoder trains on every training function. Training sees only non-live training queries, and its hard negatives come only
 from tools offered in non-live training questions (validation tools excluded). The live
 categories are scored last, as the generalisation test.
 """
