@@ -8,8 +8,9 @@ training functions in the same way: the encoder never trains on their queries, a
 hybrid's fusion weight is chosen on them, so nothing is tuned on held-out or live
 queries. Or, with K folds, every training function is a validation function once: K
 encoders each trained without one fold score that fold's queries, the weight is chosen
-on all of them pooled, and the final encoder trains on every training function. Training sees only non-live training queries, and its hard negatives come only
-from tools offered in non-live training questions (validation tools excluded). The live
+on all of them pooled, and the final encoder trains on every training function.
+Training sees only non-live training queries, and its hard negatives come only from
+tools offered in non-live training questions (validation tools excluded). The live
 categories are scored last, as the generalisation test.
 """
 
