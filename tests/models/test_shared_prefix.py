@@ -6,7 +6,6 @@ import torch
 import ponder.models.value_head as value_head
 from ponder.models import tiny_policy
 from ponder.models.value_head import forward_policy, shared_prefix_length
-from ponder.train.update import micro_batch_order
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +66,3 @@ def test_shared_prefix_length_by_hand():
     same = torch.tensor([[1, 2, 0], [1, 2, 0]])
     assert shared_prefix_length(same, torch.tensor([[1, 1, 0], [1, 1, 0]]), torch.tensor([2])) == 2  # padding is not shared
     assert shared_prefix_length(ids[:1], mask[:1], torch.tensor([3])) == 0  # one row: nothing to share
-
-
-def test_micro_batch_order_keeps_groups_together_shortest_group_first():
-    groups = ["b", "a", "b", "a", "c"]
-    lengths = [30, 50, 10, 40, 20]
-    assert micro_batch_order(groups, lengths) == [2, 0, 4, 3, 1]
-    # singleton groups (group size 1): plain length order
-    assert micro_batch_order(["x", "y", "z"], [5, 3, 4]) == [1, 2, 0]

