@@ -52,7 +52,7 @@ class BenchConfig:
     micro_batch: ponder's episodes per forward/backward in the update (gradient
         accumulation, the same gradient as one pass; 0 = the whole batch in one pass,
         as TRL does here). Smaller micro-batches bound the update's activation memory;
-        4 = one GRPO group per micro-batch, whose shared prompt is then read once.
+        docs/benchmarks.md reports the default, 4, and the peak memory with 2.
     warmup / steps: unmeasured then measured steps per system.
     """
 
