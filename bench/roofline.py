@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from bench.common import machine_info  # noqa: E402
+from ponder.rollout.hf import DECODERS  # noqa: E402
 
 STORY_PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
 
@@ -191,7 +192,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--batches", default="1,8,32,128", help="generation batch sizes, comma-separated")
-    parser.add_argument("--decoder", default="auto", choices=["auto", "transformers"],
+    parser.add_argument("--decoder", default="auto", choices=DECODERS,
                         help="the hf backend's decoder: ponder's lean Llama forward (auto) or the transformers model's")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--train-batch", type=int, default=8)

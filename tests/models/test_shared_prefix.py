@@ -5,7 +5,7 @@ import torch
 
 import ponder.models.value_head as value_head
 from ponder.models import tiny_policy
-from ponder.models.value_head import forward_policy, shared_prefix_length
+from ponder.models.value_head import forward_policy, common_prefix_length
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +57,12 @@ def test_reading_the_shared_prompt_once_changes_neither_logprobs_nor_gradients(l
         assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
 
 
-def test_shared_prefix_length_by_hand():
+def test_common_prefix_length_by_hand():
     ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 0], [1, 2, 3, 4, 7]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
-    assert shared_prefix_length(ids, mask, torch.tensor([3, 4])) == 3  # rows differ at position 3
-    assert shared_prefix_length(ids, mask, torch.tensor([1, 2])) == 1  # capped below the first kept position
-    assert shared_prefix_length(ids[[0, 2]], mask[[0, 2]], torch.tensor([4])) == 4
+    assert common_prefix_length(ids, mask, torch.tensor([3, 4])) == 3  # rows differ at position 3
+    assert common_prefix_length(ids, mask, torch.tensor([1, 2])) == 1  # capped below the first kept position
+    assert common_prefix_length(ids[[0, 2]], mask[[0, 2]], torch.tensor([4])) == 4
     same = torch.tensor([[1, 2, 0], [1, 2, 0]])
-    assert shared_prefix_length(same, torch.tensor([[1, 1, 0], [1, 1, 0]]), torch.tensor([2])) == 2  # padding is not shared
-    assert shared_prefix_length(ids[:1], mask[:1], torch.tensor([3])) == 0  # one row: nothing to share
+    assert common_prefix_length(same, torch.tensor([[1, 1, 0], [1, 1, 0]]), torch.tensor([2])) == 2  # padding is not shared
+    assert common_prefix_length(ids[:1], mask[:1], torch.tensor([3])) == 0  # one row: nothing to share

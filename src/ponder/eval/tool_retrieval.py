@@ -128,13 +128,21 @@ def tune_fusion(data: ToolRetrievalData, encoder: Any, depth: int = 50, rrf_k: i
     queries, relevant = [q.query for q in data.validation], [q.relevant for q in data.validation]
     bm25 = ToolIndex(data.corpus.specs, kind="bm25").rank_names(queries, depth)
     dense = ToolIndex(data.corpus.specs, kind="dense", encoder=encoder).rank_names(queries, depth)
+    return fusion_report(bm25, dense, relevant, data.seed, depth, rrf_k, selected_by=FUSION_SELECTED_BY,
+                         validation_fraction=data.validation_fraction)
+
+
+def fusion_report(bm25: list[list[str]], dense: list[list[str]], relevant: list[set[str]], seed: int,
+                  depth: int, rrf_k: int, selected_by: str, **extra: Any) -> dict[str, Any]:
+    """What fusion.json holds: the dense weight chosen by `fusion_sweep` on these rankings
+    (tool names, best first, cut at `depth`), the sweep, and the single retrievers'
+    scores on the same queries; `extra` says how the queries were held out."""
     weight, sweep = fusion_sweep(bm25, dense, relevant, rrf_k=rrf_k)
     singles = {"bm25": ranking_report([r[:10] for r in bm25], relevant),
                "dense": ranking_report([r[:10] for r in dense], relevant)}
     return {"dense_weight": weight, "bm25_weight": 1.0, "rrf_k": rrf_k, "depth": depth, "grid": list(FUSION_GRID),
-            "selected_by": FUSION_SELECTED_BY, "validation_queries": len(queries),
-            "validation_fraction": data.validation_fraction, "split_seed": data.seed, "sweep": sweep,
-            "single_retrievers": singles}
+            "selected_by": selected_by, "validation_queries": len(relevant), **extra, "split_seed": seed,
+            "sweep": sweep, "single_retrievers": singles}
 
 
 FOLD_SALT = "fold:"  # independent of the held-out and validation coins
@@ -148,7 +156,9 @@ def function_fold(name: str, folds: int, seed: int) -> int:
 def fold_data(data: ToolRetrievalData, fold: int, folds: int) -> tuple[ToolRetrievalData, list[LabelledQuery]]:
     """(training data without fold `fold`'s functions, the fold's queries): by function,
     as the held-out split; queries mixing the fold's and other tools are dropped."""
-    in_fold = lambda name: function_fold(name, folds, data.seed) == fold  # noqa: E731
+    def in_fold(name: str) -> bool:
+        return function_fold(name, folds, data.seed) == fold
+
     train, validation = split_queries(data.train, in_fold)
     tools = {name: text for name, text in data.train_tools.items() if not in_fold(name)}
     return replace(data, train=train, train_tools=tools, validation=[]), validation
@@ -174,13 +184,8 @@ def cross_validated_fusion(data: ToolRetrievalData, config: ContrastiveConfig, f
         dense += ToolIndex(data.corpus.specs, kind="dense", encoder=model).rank_names(queries, depth)
         relevant += [q.relevant for q in validation]
         say(f"fold {fold + 1}/{folds}: trained on {len(part.train)} queries, ranked {len(validation)}")
-    weight, sweep = fusion_sweep(bm25, dense, relevant, rrf_k=rrf_k)
-    singles = {"bm25": ranking_report([r[:10] for r in bm25], relevant),
-               "dense": ranking_report([r[:10] for r in dense], relevant)}
-    return {"dense_weight": weight, "bm25_weight": 1.0, "rrf_k": rrf_k, "depth": depth, "grid": list(FUSION_GRID),
-            "selected_by": f"{folds}-fold cross-validation over the training functions, pooled: {FUSION_SELECTED_BY}",
-            "validation_queries": len(relevant), "folds": folds, "split_seed": data.seed, "sweep": sweep,
-            "single_retrievers": singles}
+    selected_by = f"{folds}-fold cross-validation over the training functions, pooled: {FUSION_SELECTED_BY}"
+    return fusion_report(bm25, dense, relevant, data.seed, depth, rrf_k, selected_by=selected_by, folds=folds)
 
 
 RETRIEVER_ROWS = (  # (key, label, kind, encoder, weighted: use the tuned dense weight)

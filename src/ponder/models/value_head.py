@@ -48,7 +48,7 @@ def forward_policy(
     keep = None
     if loss_mask is not None:
         keep = loss_mask.bool().any(0).nonzero().squeeze(-1)
-    shared = 0 if value_head is not None or keep is None else shared_prefix_length(input_ids, attention_mask, keep)
+    shared = 0 if value_head is not None or keep is None else common_prefix_length(input_ids, attention_mask, keep)
     if shared >= MIN_SHARED_PREFIX:
         out = _forward_after_shared_prefix(model, input_ids, attention_mask, keep, shared)
     else:
@@ -80,7 +80,7 @@ def forward_policy(
 MIN_SHARED_PREFIX = 8
 
 
-def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor) -> int:
+def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: torch.Tensor) -> int:
     """How many leading tokens every row has in common (real tokens, equal ids), capped
     below the first position whose logits are kept; 0 for a single row."""
     if input_ids.shape[0] < 2 or keep.numel() == 0:

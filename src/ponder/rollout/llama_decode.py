@@ -102,8 +102,8 @@ class LlamaDecoder:
     def _layer(self, block: Any) -> _Layer:
         attn, mlp = block.self_attn, block.mlp
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-        biases = [_bias(p) for p in projections]
-        qkv_bias = None if all(b is None for b in biases) else torch.cat([_bias_or_zeros(p) for p in projections])
+        has_bias = any(_bias(p) is not None for p in projections)
+        qkv_bias = torch.cat([_bias_or_zeros(p) for p in projections]) if has_bias else None
         return _Layer(
             input_norm=block.input_layernorm.weight.detach(),
             qkv=_Linear(torch.cat([effective_weight(p) for p in projections]), qkv_bias),
