@@ -6,7 +6,8 @@ import pytest
 
 from ponder.eval.bfcl.data import LabelledQuery
 from ponder.eval.tool_retrieval import _split_validation, fusion_sweep, is_validation_function
-from ponder.tools.retrieval.toolindex import FUSION_FILE, read_dense_weight
+from ponder.tools.retrieval import Hit
+from ponder.tools.retrieval.toolindex import FUSION_FILE, Fusion, read_fusion
 
 
 def _queries(n):
@@ -30,32 +31,63 @@ def test_validation_coin_is_not_the_held_out_coin():
     assert [is_validation_function(n, 0.5, 0) for n in names] != [is_test_function(n, 0.5, 0) for n in names]
 
 
+def _hits(*scored):
+    return [Hit(name, "", score) for name, score in scored]
+
+
 def test_fusion_sweep_hand_computed():
-    # k=60. w=1: x = 1/61 + 1/62 beats t = 1/63 + 1/61, so t is second (MRR 1/2);
+    # RRF, k=60. w=1: x = 1/61 + 1/62 beats t = 1/63 + 1/61, so t is second (MRR 1/2);
     # w=2: t = 1/63 + 2/61 = 0.048660 beats x = 1/61 + 2/62 = 0.048652 (MRR 1).
-    bm25, dense, relevant = [["x", "y", "t"]], [["t", "x"]], [{"t"}]
-    weight, rows = fusion_sweep(bm25, dense, relevant, grid=(1.0, 2.0))
-    assert [(row["dense_weight"], row["recall@5"], row["mrr"]) for row in rows] == [(1.0, 1.0, 0.5), (2.0, 1.0, 1.0)]
-    assert weight == 2.0
+    # Convex, min-max per list: BM25 x 1, y 0.5, t 0; dense t 1, x 0.
+    # w=1: x 1 + 0 = t 0 + 1, tie broken by name: t first (MRR 1); w=2 likewise t 2 > x 1.
+    bm25, dense, relevant = [_hits(("x", 9.0), ("y", 6.0), ("t", 3.0))], [_hits(("t", 0.9), ("x", 0.5))], [{"t"}]
+    chosen, rows = fusion_sweep(bm25, dense, relevant, grid=(1.0, 2.0))
+    assert [(row["method"], row["dense_weight"], row["mrr"]) for row in rows] == [
+        ("rrf", 1.0, 0.5), ("rrf", 2.0, 1.0), ("convex", 1.0, 1.0), ("convex", 2.0, 1.0)]
+    assert chosen == Fusion("rrf", 2.0)  # ties go to RRF, then to the smaller weight
+
+
+def test_fusion_sweep_can_choose_the_convex_combination():
+    # q1: BM25 x 9, y 6, t 3 (units 1, .5, 0); dense t .9, x .1, y 0 (units 1, .111, 0).
+    # q2: BM25 u 10, z 9.9, v 0 (units 1, .99, 0); dense v .99, u .98, z 0 (units 1, .9899, 0).
+    # RRF w=2: q1 t = 1/63 + 2/61 = .048660 > x = 1/61 + 2/62 = .048651 (RR 1);
+    #          q2 v = 1/63 + 2/61 > u = 1/61 + 2/62 (RR 1/2): MRR .75.
+    # Convex w=2: q1 t = 2 > x = 1.222 (RR 1); q2 u = 1 + 2 * .9899 = 2.98 > v = 2 (RR 1): MRR 1.
+    bm25 = [_hits(("x", 9.0), ("y", 6.0), ("t", 3.0)), _hits(("u", 10.0), ("z", 9.9), ("v", 0.0))]
+    dense = [_hits(("t", 0.9), ("x", 0.1), ("y", 0.0)), _hits(("v", 0.99), ("u", 0.98), ("z", 0.0))]
+    chosen, rows = fusion_sweep(bm25, dense, [{"t"}, {"u"}], grid=(2.0,))
+    assert {row["method"]: row["mrr"] for row in rows} == {"rrf": pytest.approx(0.75), "convex": pytest.approx(1.0)}
+    assert chosen == Fusion("convex", 2.0)
 
 
 def test_fusion_sweep_ties_choose_the_smaller_weight():
-    weight, rows = fusion_sweep([["t", "x"]], [["t", "x"]], [{"t"}], grid=(4.0, 1.0, 2.0))
-    assert weight == 1.0 and all(row["mrr"] == 1.0 for row in rows)
+    chosen, rows = fusion_sweep([_hits(("t", 2.0), ("x", 1.0))], [_hits(("t", 0.9), ("x", 0.1))], [{"t"}],
+                                grid=(4.0, 1.0, 2.0))
+    assert chosen == Fusion("rrf", 1.0) and all(row["mrr"] == 1.0 for row in rows)
 
 
-def test_read_dense_weight(tmp_path):
-    assert read_dense_weight(None) is None and read_dense_weight(tmp_path) is None
-    (tmp_path / FUSION_FILE).write_text(json.dumps({"dense_weight": 3.0}))
-    assert read_dense_weight(tmp_path) == pytest.approx(3.0) and read_dense_weight(str(tmp_path)) == 3.0
+def test_read_fusion(tmp_path):
+    assert read_fusion(None) is None and read_fusion(tmp_path) is None
+    (tmp_path / FUSION_FILE).write_text(json.dumps({"dense_weight": 3.0}))  # written before the method was chosen
+    assert read_fusion(tmp_path) == Fusion("rrf", 3.0) and read_fusion(str(tmp_path)) == Fusion("rrf", 3.0)
+    (tmp_path / FUSION_FILE).write_text(json.dumps({"method": "convex", "dense_weight": 4.0}))
+    assert read_fusion(tmp_path) == Fusion("convex", 4.0)
+
+
+def test_an_unknown_fusion_method_is_refused_naming_the_file(tmp_path):
+    from ponder.tools.retrieval.toolindex import ToolIndexError
+
+    (tmp_path / FUSION_FILE).write_text(json.dumps({"method": "sum", "dense_weight": 4.0}))
+    with pytest.raises(ToolIndexError, match=rf"{FUSION_FILE}: unknown fusion 'sum'"):
+        read_fusion(tmp_path)
 
 
 def test_an_unreadable_fusion_file_is_one_line_naming_it(tmp_path):
     from ponder.tools.retrieval.toolindex import ToolIndexError
 
     (tmp_path / FUSION_FILE).write_text('{"dense_weight":')
-    with pytest.raises(ToolIndexError, match=rf"{FUSION_FILE}: unreadable fusion weight .*rerun `ponder tools train`"):
-        read_dense_weight(tmp_path)
+    with pytest.raises(ToolIndexError, match=rf"{FUSION_FILE}: unreadable fusion choice .*rerun `ponder tools train`"):
+        read_fusion(tmp_path)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -124,10 +156,13 @@ def test_cross_validated_fusion_pools_out_of_fold_rankings():
     assert len(trained_on) == 3
     for fold, names in enumerate(trained_on):
         assert names and all(function_fold(name, 3, 0) != fold for name in names)
-    assert fusion["folds"] == 3 and fusion["dense_weight"] in fusion["grid"]
+    assert fusion["folds"] == 3 and fusion["dense_weight"] in fusion["grid"] and fusion["method"] in fusion["methods"]
     assert 0 < fusion["validation_queries"] <= len(data.train)
-    chosen = max(fusion["sweep"], key=lambda row: (row["recall@5"], row["mrr"], -row["dense_weight"]))
-    assert chosen["dense_weight"] == fusion["dense_weight"]
+    assert len(fusion["sweep"]) == len(fusion["grid"]) * len(fusion["methods"])
+    best = max((row["recall@5"], row["mrr"]) for row in fusion["sweep"])
+    chosen = [row for row in fusion["sweep"]
+              if (row["method"], row["dense_weight"]) == (fusion["method"], fusion["dense_weight"])]
+    assert (chosen[0]["recall@5"], chosen[0]["mrr"]) == best
     assert fusion["single_retrievers"]["bm25"]["recall@5"] > 0.5  # the queries name their tool's words
 
 

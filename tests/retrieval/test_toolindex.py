@@ -9,7 +9,7 @@ from ponder.tools.retrieval.finetune import (
     ContrastiveConfig, ContrastiveExample, batches_without_duplicates, train_encoder,
 )
 from ponder.tools.retrieval.toolindex import (
-    ToolIndex, ToolIndexError, load_tool_encoder, normalise_parameters, tool_text, truncate_query,
+    Fusion, ToolIndex, ToolIndexError, load_tool_encoder, normalise_parameters, tool_text, truncate_query,
 )
 from ponder.types import ToolSpec
 
@@ -63,13 +63,14 @@ def test_hybrid_save_load_and_encoder_refusal(tmp_path):
         ToolIndex.load(tmp_path / "idx")
 
 
-def test_hybrid_dense_weight_is_saved_and_loaded(tmp_path):
-    index = ToolIndex(TOOLS, kind="hybrid", dense_weight=6.0)
+@pytest.mark.parametrize("method", ["rrf", "convex"])
+def test_hybrid_fusion_is_saved_and_loaded(tmp_path, method):
+    index = ToolIndex(TOOLS, kind="hybrid", fusion=Fusion(method, 6.0))
     assert index._retriever.weights == [1.0, 6.0]  # BM25 first, dense second
     index.save(tmp_path / "idx")
     loaded = ToolIndex.load(tmp_path / "idx")
-    assert loaded.fusion == {"rrf_k": 60, "depth": 50, "dense_weight": 6.0}
-    assert loaded._retriever.weights == [1.0, 6.0]
+    assert loaded.fusion == {"rrf_k": 60, "depth": 50, "dense_weight": 6.0, "method": method}
+    assert loaded._retriever.weights == [1.0, 6.0] and loaded._retriever.fusion == method
     query = ["book a plane ticket to Rome"]
     assert [[h.score for h in hits] for hits in loaded.search(query, 3)] == \
         [[h.score for h in hits] for hits in index.search(query, 3)]

@@ -5,10 +5,11 @@ the names of the tools that answer them. The split is by function: a seeded coin
 tool name decides which tools are held out, test queries need only held-out tools and
 training queries none. A second seeded coin carves validation functions out of the
 training functions in the same way: the encoder never trains on their queries, and the
-hybrid's fusion weight is chosen on them, so nothing is tuned on held-out or live
-queries. Or, with K folds, every training function is a validation function once: K
-encoders each trained without one fold score that fold's queries, the weight is chosen
-on all of them pooled, and the final encoder trains on every training function.
+hybrid's fusion (RRF or a convex combination of scores, and the dense ranking's weight)
+is chosen on them, so nothing is tuned on held-out or live queries. Or, with K folds,
+every training function is a validation function once: K encoders each trained
+without one fold score that fold's queries, the fusion is chosen on all of them
+pooled, and the final encoder trains on every training function.
 Training sees only non-live training queries, and its hard negatives come only from
 tools offered in non-live training questions (validation tools excluded). The live
 categories are scored last, as the generalisation test.
@@ -28,9 +29,9 @@ from ponder.eval.bfcl.data import (
 )
 from ponder.eval.ranking import ranking_report
 from ponder.tools.retrieval.corpus import Hit
-from ponder.tools.retrieval.hybrid import reciprocal_rank_fusion
+from ponder.tools.retrieval.hybrid import FUSIONS, fuse
 from ponder.tools.retrieval.finetune import ContrastiveConfig, ContrastiveExample, mine_examples
-from ponder.tools.retrieval.toolindex import ToolIndex, tool_text
+from ponder.tools.retrieval.toolindex import Fusion, ToolIndex, tool_text
 
 
 @dataclass
@@ -99,50 +100,50 @@ def training_examples(data: ToolRetrievalData, config: ContrastiveConfig) -> lis
 
 
 FUSION_GRID = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # dense vote weights tried; BM25's is 1
-FUSION_SELECTED_BY = "validation recall@5 (the agent is offered the top 5), ties by MRR, then the smaller weight"
+FUSION_SELECTED_BY = ("validation recall@5 (the agent is offered the top 5), ties by MRR, then RRF before the "
+                      "convex combination, then the smaller weight")
 
 
-def fusion_sweep(bm25_ranked: list[list[str]], dense_ranked: list[list[str]], relevant: list[set[str]],
-                 grid: tuple[float, ...] = FUSION_GRID, rrf_k: int = 60) -> tuple[float, list[dict[str, Any]]]:
-    """(chosen dense weight, one ranking report per weight): each query's BM25 and dense
-    rankings (tool names, best first) fused with weights [1, w] for w in `grid`; chosen
-    by FUSION_SELECTED_BY."""
+def fusion_sweep(bm25_ranked: list[list[Hit]], dense_ranked: list[list[Hit]], relevant: list[set[str]],
+                 grid: tuple[float, ...] = FUSION_GRID, rrf_k: int = 60) -> tuple[Fusion, list[dict[str, Any]]]:
+    """(chosen fusion, one ranking report per fusion tried): each query's BM25 and dense
+    hits (doc_id = tool name, best first) fused by each of FUSIONS with weights [1, w]
+    for w in `grid`; chosen by FUSION_SELECTED_BY."""
     rows = []
-    for weight in grid:
-        fused = [
-            [hit.doc_id for hit in reciprocal_rank_fusion(
-                [[Hit(name, "", 0.0) for name in bm25], [Hit(name, "", 0.0) for name in dense]],
-                k=rrf_k, topk=10, weights=[1.0, weight])]
-            for bm25, dense in zip(bm25_ranked, dense_ranked)
-        ]
-        rows.append({"dense_weight": weight, **ranking_report(fused, relevant)})
-    best = max(rows, key=lambda row: (row["recall@5"], row["mrr"], -row["dense_weight"]))
-    return best["dense_weight"], rows
+    for method in FUSIONS:
+        for weight in grid:
+            fused = [[hit.doc_id for hit in fuse(method, [bm25, dense], 10, [1.0, weight], rrf_k)]
+                     for bm25, dense in zip(bm25_ranked, dense_ranked)]
+            rows.append({"method": method, "dense_weight": weight, **ranking_report(fused, relevant)})
+    best = max(rows, key=lambda row: (row["recall@5"], row["mrr"], -FUSIONS.index(row["method"]),
+                                      -row["dense_weight"]))
+    return Fusion(best["method"], best["dense_weight"]), rows
 
 
 def tune_fusion(data: ToolRetrievalData, encoder: Any, depth: int = 50, rrf_k: int = 60) -> dict[str, Any]:
-    """The hybrid's dense weight chosen on the validation queries (never held-out or live),
+    """The hybrid's fusion chosen on the validation queries (never held-out or live),
     with the sweep and the single retrievers' validation scores, as written to fusion.json."""
     if not data.validation:
         raise ValueError("no validation queries: prepare the data with validation_fraction > 0")
     queries, relevant = [q.query for q in data.validation], [q.relevant for q in data.validation]
-    bm25 = ToolIndex(data.corpus.specs, kind="bm25").rank_names(queries, depth)
-    dense = ToolIndex(data.corpus.specs, kind="dense", encoder=encoder).rank_names(queries, depth)
+    bm25 = ToolIndex(data.corpus.specs, kind="bm25").hits(queries, depth)
+    dense = ToolIndex(data.corpus.specs, kind="dense", encoder=encoder).hits(queries, depth)
     return fusion_report(bm25, dense, relevant, data.seed, depth, rrf_k, selected_by=FUSION_SELECTED_BY,
                          validation_fraction=data.validation_fraction)
 
 
-def fusion_report(bm25: list[list[str]], dense: list[list[str]], relevant: list[set[str]], seed: int,
+def fusion_report(bm25: list[list[Hit]], dense: list[list[Hit]], relevant: list[set[str]], seed: int,
                   depth: int, rrf_k: int, selected_by: str, **extra: Any) -> dict[str, Any]:
-    """What fusion.json holds: the dense weight chosen by `fusion_sweep` on these rankings
-    (tool names, best first, cut at `depth`), the sweep, and the single retrievers'
-    scores on the same queries; `extra` says how the queries were held out."""
-    weight, sweep = fusion_sweep(bm25, dense, relevant, rrf_k=rrf_k)
-    singles = {"bm25": ranking_report([r[:10] for r in bm25], relevant),
-               "dense": ranking_report([r[:10] for r in dense], relevant)}
-    return {"dense_weight": weight, "bm25_weight": 1.0, "rrf_k": rrf_k, "depth": depth, "grid": list(FUSION_GRID),
-            "selected_by": selected_by, "validation_queries": len(relevant), **extra, "split_seed": seed,
-            "sweep": sweep, "single_retrievers": singles}
+    """What fusion.json holds: the fusion chosen by `fusion_sweep` on these hits (best
+    first, cut at `depth`), the sweep, and the single retrievers' scores on the same
+    queries; `extra` says how the queries were held out."""
+    chosen, sweep = fusion_sweep(bm25, dense, relevant, rrf_k=rrf_k)
+    singles = {name: ranking_report([[hit.doc_id for hit in hits[:10]] for hits in ranked], relevant)
+               for name, ranked in (("bm25", bm25), ("dense", dense))}
+    return {"method": chosen.method, "dense_weight": chosen.dense_weight, "bm25_weight": 1.0, "rrf_k": rrf_k,
+            "depth": depth, "methods": list(FUSIONS), "grid": list(FUSION_GRID), "selected_by": selected_by,
+            "validation_queries": len(relevant), **extra, "split_seed": seed, "sweep": sweep,
+            "single_retrievers": singles}
 
 
 FOLD_SALT = "fold:"  # independent of the held-out and validation coins
@@ -167,9 +168,9 @@ def fold_data(data: ToolRetrievalData, fold: int, folds: int) -> tuple[ToolRetri
 def cross_validated_fusion(data: ToolRetrievalData, config: ContrastiveConfig, folds: int,
                            train: Callable[[list[ContrastiveExample]], Any], say: Callable[[str], None] = print,
                            depth: int = 50, rrf_k: int = 60) -> dict[str, Any]:
-    """The hybrid's dense weight chosen by `folds`-fold cross-validation over the training
+    """The hybrid's fusion chosen by `folds`-fold cross-validation over the training
     functions: per fold an encoder trained (`train(examples) -> model`) without the fold's
-    functions ranks the fold's queries; the weight is chosen by FUSION_SELECTED_BY on
+    functions ranks the fold's queries; the fusion is chosen by FUSION_SELECTED_BY on
     every fold's rankings pooled (each training query scored once, by an encoder that
     never saw its tools). Held-out and live queries are never used."""
     if data.validation:
@@ -180,32 +181,32 @@ def cross_validated_fusion(data: ToolRetrievalData, config: ContrastiveConfig, f
         part, validation = fold_data(data, fold, folds)
         model = train(training_examples(part, config))
         queries = [q.query for q in validation]
-        bm25 += bm25_index.rank_names(queries, depth)
-        dense += ToolIndex(data.corpus.specs, kind="dense", encoder=model).rank_names(queries, depth)
+        bm25 += bm25_index.hits(queries, depth)
+        dense += ToolIndex(data.corpus.specs, kind="dense", encoder=model).hits(queries, depth)
         relevant += [q.relevant for q in validation]
         say(f"fold {fold + 1}/{folds}: trained on {len(part.train)} queries, ranked {len(validation)}")
     selected_by = f"{folds}-fold cross-validation over the training functions, pooled: {FUSION_SELECTED_BY}"
     return fusion_report(bm25, dense, relevant, data.seed, depth, rrf_k, selected_by=selected_by, folds=folds)
 
 
-RETRIEVER_ROWS = (  # (key, label, kind, encoder, weighted: use the tuned dense weight)
+RETRIEVER_ROWS = (  # (key, label, kind, encoder, tuned: use the fusion chosen on validation)
     ("bm25", "bm25", "bm25", None, False),
     ("base", "dense (base MiniLM)", "dense", "base", False),
     ("tuned", "dense (fine-tuned)", "dense", "tuned", False),
-    ("hybrid", "hybrid (BM25 + fine-tuned, equal weights)", "hybrid", "tuned", False),
-    ("hybrid-weighted", "hybrid (BM25 + fine-tuned, dense weight {w:g})", "hybrid", "tuned", True),
+    ("hybrid", "hybrid (BM25 + fine-tuned, RRF, equal weights)", "hybrid", "tuned", False),
+    ("hybrid-weighted", "hybrid (BM25 + fine-tuned, {fusion})", "hybrid", "tuned", True),
     ("hybrid-base", "hybrid (BM25 + base)", "hybrid", "base", False),
 )
 
 
 def evaluate_retrievers(
     data: ToolRetrievalData, tuned_encoder: Any = None, say: Callable[[str], None] = lambda _: None,
-    only: list[str] | None = None, dense_weight: float | None = None,
+    only: list[str] | None = None, fusion: Fusion | None = None,
 ) -> list[dict[str, Any]]:
     """recall@1/5/10, MRR and nDCG@10 on the held-out and live queries for each retriever.
 
-    Without a fine-tuned encoder its rows are left out, and without `dense_weight` (the
-    one chosen on validation) the weighted hybrid row. Embeddings are computed once per
+    Without a fine-tuned encoder its rows are left out, and without `fusion` (the one
+    chosen on validation) the tuned hybrid row. Embeddings are computed once per
     encoder and shared between its dense and hybrid rows.
     """
     specs = data.corpus.specs
@@ -214,13 +215,13 @@ def evaluate_retrievers(
     rows = []
     for key, label, kind, encoder_key, weighted in RETRIEVER_ROWS:
         if (encoder_key == "tuned" and tuned_encoder is None) or (only and key not in only) \
-                or (weighted and dense_weight is None):
+                or (weighted and fusion is None):
             continue
         started = time.perf_counter()
-        label = label.format(w=dense_weight) if weighted else label
+        label = label.format(fusion=fusion) if weighted else label
         embeddings = dense_embeddings.get(encoder_key) if encoder_key else None
         index = ToolIndex(specs, kind=kind, encoder=encoders.get(encoder_key) if encoder_key else None,
-                          embeddings=embeddings, dense_weight=dense_weight if weighted else 1.0)
+                          embeddings=embeddings, fusion=fusion if weighted and fusion else Fusion())
         if encoder_key and encoder_key not in dense_embeddings:
             dense_embeddings[encoder_key] = index.embeddings()
         for split, queries in (("held-out", data.test), ("live", data.live)):

@@ -62,27 +62,27 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
     if fusion is not None:
         write_text_atomic(out / FUSION_FILE, json.dumps(fusion, indent=2))
         for row in fusion["sweep"]:
-            print(f"validation: dense weight {row['dense_weight']:g}: recall@5 {row['recall@5']:.3f} "
-                  f"MRR {row['mrr']:.3f}", file=sys.stderr)
-        print(f"ponder tools train: hybrid dense weight {fusion['dense_weight']:g} chosen on "
+            print(f"validation: {row['method']}, dense weight {row['dense_weight']:g}: recall@5 "
+                  f"{row['recall@5']:.3f} MRR {row['mrr']:.3f}", file=sys.stderr)
+        print(f"ponder tools train: hybrid fusion {fusion['method']}, dense weight {fusion['dense_weight']:g} chosen on "
               f"{fusion['validation_queries']} validation queries ({fusion['selected_by']}); saved {out / FUSION_FILE}")
     return 0
 
 
 def cmd_tools_eval(args: argparse.Namespace) -> int:
     from ponder.eval.tool_retrieval import evaluate_retrievers, retrieval_markdown
-    from ponder.tools.retrieval.toolindex import load_tool_encoder, read_dense_weight
+    from ponder.tools.retrieval.toolindex import load_tool_encoder, read_fusion
 
     data = _data(args)
-    tuned, dense_weight = None, None
+    tuned, fusion = None, None
     if args.encoder and Path(args.encoder).exists():
-        tuned, dense_weight = load_tool_encoder(args.encoder), read_dense_weight(args.encoder)
-        if dense_weight is not None:
-            print(f"hybrid dense weight {dense_weight:g}, chosen on validation by `ponder tools train`", file=sys.stderr)
+        tuned, fusion = load_tool_encoder(args.encoder), read_fusion(args.encoder)
+        if fusion is not None:
+            print(f"hybrid fusion {fusion}, chosen on validation by `ponder tools train`", file=sys.stderr)
     elif args.encoder != DEFAULT_ENCODER_DIR:
         raise ValueError(f"{args.encoder}: no fine-tuned encoder there; train one with `ponder tools train`")
     rows = evaluate_retrievers(data, tuned, say=lambda line: print(line, file=sys.stderr), only=args.only,
-                               dense_weight=dense_weight)
+                               fusion=fusion)
     print(retrieval_markdown(rows))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def cmd_tools_index(args: argparse.Namespace) -> int:
 
     corpus = load_tool_corpus(find_data_dir(args.bfcl_venv))
     print(corpus.summary(), file=sys.stderr)
-    index = ToolIndex(corpus.specs, kind=args.kind, encoder=args.encoder, dense_weight=_dense_weight(args))
+    index = ToolIndex(corpus.specs, kind=args.kind, encoder=args.encoder, fusion=_fusion(args))
     print(f"ponder tools index: {args.kind} index of {len(corpus.specs)} tools written to {index.save(args.out)}")
     return 0
 
@@ -113,20 +113,25 @@ def cmd_tools_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dense_weight(args: argparse.Namespace) -> float:
-    """--dense-weight when given, else the encoder's fusion.json, else 1 (equal votes)."""
-    from ponder.tools.retrieval.toolindex import read_dense_weight
+def _fusion(args: argparse.Namespace) -> Any:
+    """--fusion and --dense-weight where given, else the encoder's fusion.json, else RRF
+    with equal votes."""
+    from ponder.tools.retrieval.toolindex import Fusion, read_fusion
 
-    if args.dense_weight is not None:
-        return args.dense_weight
-    chosen = read_dense_weight(args.encoder)
-    return 1.0 if chosen is None else chosen
+    chosen = read_fusion(args.encoder) or Fusion()
+    return Fusion(args.fusion or chosen.method,
+                  chosen.dense_weight if args.dense_weight is None else args.dense_weight)
 
 
-def _dense_weight_option(parser: argparse.ArgumentParser) -> None:
+def _fusion_options(parser: argparse.ArgumentParser) -> None:
+    from ponder.tools.retrieval.hybrid import FUSIONS
+
+    parser.add_argument("--fusion", choices=FUSIONS,
+                        help="hybrid: rrf (reciprocal rank fusion) or convex (weighted sum of min-max normalised "
+                             "scores); default: the encoder's fusion.json, written by `ponder tools train`, else rrf")
     parser.add_argument("--dense-weight", type=float,
-                        help="hybrid: the dense ranking's vote, BM25's being 1 (default: the weight in the "
-                             "encoder's fusion.json, written by `ponder tools train`, else 1)")
+                        help="hybrid: the dense ranking's weight, BM25's being 1 (default: the weight in the "
+                             "encoder's fusion.json, else 1)")
 
 
 def _split_options(parser: argparse.ArgumentParser) -> None:
@@ -151,10 +156,10 @@ def register(commands: Any) -> None:
     train.add_argument("--max-seq-length", type=int, default=64, help="token limit of texts while training (default 64)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--validation-fraction", type=float, default=0.2,
-                       help="share of the training functions held out to choose the hybrid's dense weight "
+                       help="share of the training functions held out to choose the hybrid's fusion "
                             "(written to fusion.json; 0: no validation, no fusion.json; default 0.2)")
     train.add_argument("--folds", type=int, default=0,
-                       help="instead of a validation split: choose the dense weight by K-fold cross-validation "
+                       help="instead of a validation split: choose the fusion by K-fold cross-validation "
                             "over the training functions (K extra trainings), then train on all of them "
                             "(replaces --validation-fraction; default 0: off)")
     train.set_defaults(handler=cmd_tools_train)
@@ -173,7 +178,7 @@ def register(commands: Any) -> None:
     index.add_argument("--kind", default="hybrid", choices=["bm25", "dense", "hybrid"])
     index.add_argument("--encoder", help="encoder directory (default: the packaged all-MiniLM-L6-v2)")
     index.add_argument("--out", default="runs/tools/index", help="index directory (default runs/tools/index)")
-    _dense_weight_option(index)
+    _fusion_options(index)
     index.set_defaults(handler=cmd_tools_index)
 
     search = sub.add_parser("search", help="query an index built by `ponder tools index`")
@@ -225,7 +230,7 @@ def register_bench(commands: Any) -> None:
                        help="conditions: 0 = the question's own functions, k = top-k tools retrieved from all BFCL tools")
     bench.add_argument("--retriever", default="hybrid", choices=["bm25", "dense", "hybrid"])
     bench.add_argument("--encoder", help="dense encoder directory (default: the packaged all-MiniLM-L6-v2); the "
-                                         "hybrid uses the dense weight in its fusion.json when there is one")
+                                         "hybrid uses the fusion in its fusion.json when there is one")
     bench.add_argument("--batch-size", type=int, default=8, help="questions per batched generation (local models)")
     bench.add_argument("--bfcl-venv", default=".venv-bfcl")
     bench.add_argument("--out", default="runs/bench-agent", help="writes results.json, results.md, success.png")

@@ -33,10 +33,10 @@ def run_bfcl_suite(
 ) -> tuple[dict[str, list[BfclSample]], str]:
     """Samples per condition, and a one-line description of the run. With `checkpoint`,
     each category's samples are appended there as JSON lines as soon as they are scored."""
-    from ponder.tools.retrieval.toolindex import read_dense_weight
+    from ponder.tools.retrieval.toolindex import Fusion, read_fusion
 
-    # The hybrid uses the fusion weight `ponder tools train` chose on validation for this encoder.
-    dense_weight = read_dense_weight(encoder) or 1.0
+    # The hybrid uses the fusion `ponder tools train` chose on validation for this encoder.
+    fusion = read_fusion(encoder) or Fusion()
     data_dir = find_data_dir(venv)
     policy = _policy(policy_spec, data_dir, config, policy_options or {})
     corpus = index = None
@@ -44,8 +44,8 @@ def run_bfcl_suite(
         from ponder.tools.retrieval.toolindex import ToolIndex
 
         corpus = load_tool_corpus(data_dir)
-        index = ToolIndex(corpus.specs, kind=retriever_kind, encoder=encoder, dense_weight=dense_weight)
-        say(f"tool index: {corpus.summary()}; {retriever_kind}, dense weight {dense_weight:g}")
+        index = ToolIndex(corpus.specs, kind=retriever_kind, encoder=encoder, fusion=fusion)
+        say(f"tool index: {corpus.summary()}; {retriever_kind}, fusion {fusion}")
     results: dict[str, list[BfclSample]] = {}
     with BfclBridge(venv) as bridge:
         for topk in topks:
@@ -62,7 +62,7 @@ def run_bfcl_suite(
     header = (f"policy {policy_spec}; categories {', '.join(config.categories)}; {config.per_category or 'all'} "
               f"questions per category (seed {config.seed}); {config.samples} sample(s) each; "
               f"max_new_tokens {config.max_new_tokens}; retriever {retriever_kind} encoder {encoder or 'base MiniLM'}"
-              f"{f' dense weight {dense_weight:g}' if retriever_kind == 'hybrid' else ''}")
+              f"{f' fusion {fusion}' if retriever_kind == 'hybrid' else ''}")
     return results, header
 
 

@@ -11,7 +11,7 @@ from ponder.tools.retrieval.bm25 import BM25Retriever
 from ponder.tools.retrieval.client import HttpRetriever, RetrievalError
 from ponder.tools.retrieval.corpus import CorpusError, Document, Hit, Retriever, format_hits, load_corpus
 from ponder.tools.retrieval.dense import DenseRetriever, load_encoder
-from ponder.tools.retrieval.hybrid import HybridRetriever, reciprocal_rank_fusion
+from ponder.tools.retrieval.hybrid import FUSIONS, HybridRetriever, convex_combination, reciprocal_rank_fusion
 
 RETRIEVER_KINDS = ("bm25", "dense", "hybrid", "http")
 
@@ -49,6 +49,7 @@ __all__ = [
     "Document",
     "Hit",
     "HttpRetriever",
+    "FUSIONS",
     "HybridRetriever",
     "RetrievalError",
     "Retriever",
@@ -56,5 +57,6 @@ __all__ = [
     "format_hits",
     "load_corpus",
     "load_encoder",
+    "convex_combination",
     "reciprocal_rank_fusion",
 ]

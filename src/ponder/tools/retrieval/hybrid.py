@@ -1,7 +1,13 @@
-"""Hybrid retrieval: reciprocal rank fusion (Cormack et al., 2009) of several retrievers.
+"""Hybrid retrieval: fusing the rankings of several retrievers.
 
-RRF uses only ranks, so it fuses retrievers whose scores live on different scales
-(BM25 sums, cosine similarities) without any calibration.
+Two fusions, both weighted per retriever:
+
+- reciprocal rank fusion (RRF, Cormack et al., 2009) uses only ranks, so it fuses
+  retrievers whose scores live on different scales (BM25 sums, cosine similarities)
+  without any calibration;
+- a convex combination of min-max normalised scores (Bruch et al., 2023, "An Analysis
+  of Fusion Functions for Hybrid Retrieval") also keeps how far apart the scores are,
+  which RRF throws away: a dense retriever sure of its first hit keeps it first.
 """
 
 from __future__ import annotations
@@ -26,11 +32,7 @@ def reciprocal_rank_fusion(
     """
     if k < 0:
         raise ValueError(f"k must be non-negative, got {k}")
-    weights = [1.0] * len(rankings) if weights is None else list(weights)
-    if len(weights) != len(rankings):
-        raise ValueError(f"{len(weights)} weights for {len(rankings)} rankings")
-    if any(not math.isfinite(w) or w < 0 for w in weights):
-        raise ValueError(f"weights must be finite and non-negative, got {weights}")
+    weights = _checked_weights(weights, len(rankings))
     terms: dict[str, list[float]] = {}
     best: dict[str, tuple[int, str]] = {}
     for ranking, weight in zip(rankings, weights):
@@ -46,31 +48,92 @@ def reciprocal_rank_fusion(
     return fused if topk is None else fused[: max(topk, 0)]
 
 
+def convex_combination(
+    rankings: list[list[Hit]], topk: int | None = None, weights: list[float] | None = None,
+) -> list[Hit]:
+    """Fuse scored lists: score(d) = sum over lists i of w_i * (s_i(d) - lo_i) / (hi_i - lo_i).
+
+    lo_i and hi_i are the lowest and highest score list i holds (its retriever's top
+    `depth`), so each list's scores map onto [0, 1]; a document list i does not hold
+    gets 0 from it, as its last entry does. When every score of a list is equal, each
+    of its documents gets 1. `weights`: as in `reciprocal_rank_fusion`. A document
+    listed twice in one ranking counts once, at its higher score (the lower one is
+    dropped before lo_i is taken). Equal fused scores go by ascending doc id. The output does not
+    change when a list's scores go through any increasing affine map (a*s + b, a > 0)
+    nor with the order of the (ranking, weight) pairs.
+    """
+    weights = _checked_weights(weights, len(rankings))
+    terms: dict[str, list[float]] = {}
+    best: dict[str, tuple[float, str]] = {}
+    for ranking, weight in zip(rankings, weights):
+        scores: dict[str, float] = {}
+        for hit in ranking:
+            scores[hit.doc_id] = max(scores.get(hit.doc_id, -math.inf), hit.score)
+        if not scores:
+            continue
+        low, high = min(scores.values()), max(scores.values())
+        for hit in ranking:
+            score = scores.pop(hit.doc_id, None)
+            if score is None:
+                continue  # a repeat, already counted at its higher score
+            unit = 1.0 if high == low else (score - low) / (high - low)
+            terms.setdefault(hit.doc_id, []).append(weight * unit)
+            best[hit.doc_id] = min(best.get(hit.doc_id, (-unit, hit.contents)), (-unit, hit.contents))
+    fused = [Hit(doc_id, best[doc_id][1], math.fsum(parts)) for doc_id, parts in terms.items()]
+    fused.sort(key=lambda hit: (-hit.score, hit.doc_id))
+    return fused if topk is None else fused[: max(topk, 0)]
+
+
+def _checked_weights(weights: list[float] | None, rankings: int) -> list[float]:
+    weights = [1.0] * rankings if weights is None else list(weights)
+    if len(weights) != rankings:
+        raise ValueError(f"{len(weights)} weights for {rankings} rankings")
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+        raise ValueError(f"weights must be finite and non-negative, got {weights}")
+    return weights
+
+
+FUSIONS = ("rrf", "convex")
+
+
 class HybridRetriever:
-    """Reciprocal rank fusion over the rankings of several retrievers.
+    """Fusion of several retrievers' rankings: "rrf" (reciprocal rank fusion) or
+    "convex" (a weighted sum of min-max normalised scores).
 
     Each retriever is asked for `depth` hits per query (at least `topk`); the fused
-    hits carry the RRF score, not any retriever's own score. `weights`: one vote weight
-    per retriever, in the same order (None: equal votes).
+    hits carry the fused score, not any retriever's own score. `weights`: one vote
+    weight per retriever, in the same order (None: equal votes). `k` is RRF's constant.
     """
 
     def __init__(self, retrievers: list[Retriever], k: int = 60, depth: int = 20,
-                 weights: list[float] | None = None) -> None:
+                 weights: list[float] | None = None, fusion: str = "rrf") -> None:
         if not retrievers:
             raise ValueError("HybridRetriever needs at least one retriever")
         if weights is not None and len(weights) != len(retrievers):
             raise ValueError(f"{len(weights)} weights for {len(retrievers)} retrievers")
+        if fusion not in FUSIONS:
+            raise ValueError(f"unknown fusion {fusion!r}; valid: {', '.join(FUSIONS)}")
         self.retrievers = list(retrievers)
         self.k = k
         self.depth = depth
         self.weights = None if weights is None else list(weights)
+        self.fusion = fusion
 
     def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
         """Top `topk` fused passages per query, best first."""
         depth = max(self.depth, topk)
         per_retriever = [retriever.search(queries, depth) for retriever in self.retrievers]
         return [
-            reciprocal_rank_fusion([rankings[q] for rankings in per_retriever], k=self.k, topk=topk,
-                                   weights=self.weights)
+            fuse(self.fusion, [rankings[q] for rankings in per_retriever], topk, self.weights, self.k)
             for q in range(len(queries))
         ]
+
+
+def fuse(method: str, rankings: list[list[Hit]], topk: int | None = None, weights: list[float] | None = None,
+         k: int = 60) -> list[Hit]:
+    """One query's rankings fused by `method` (one of FUSIONS); `k` is RRF's constant."""
+    if method == "convex":
+        return convex_combination(rankings, topk=topk, weights=weights)
+    if method == "rrf":
+        return reciprocal_rank_fusion(rankings, k=k, topk=topk, weights=weights)
+    raise ValueError(f"unknown fusion {method!r}; valid: {', '.join(FUSIONS)}")

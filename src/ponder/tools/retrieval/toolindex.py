@@ -2,7 +2,7 @@
 
 A tool is indexed as one text: its name (split into words), description and parameter
 names, types and descriptions. The retrievers are the corpus retrievers of this
-package (bm25s, all-MiniLM-L6-v2 + faiss, reciprocal rank fusion) with the tool name
+package (bm25s, all-MiniLM-L6-v2 + faiss, rank or score fusion) with the tool name
 as the document id, so ranked ids are tool names.
 
 An index can be saved and loaded. The saved metadata names the encoder's fingerprint
@@ -25,9 +25,9 @@ import numpy as np
 
 from ponder.fileio import write_text_atomic
 from ponder.tools.retrieval.bm25 import BM25Retriever
-from ponder.tools.retrieval.corpus import Document
+from ponder.tools.retrieval.corpus import Document, Hit
 from ponder.tools.retrieval.dense import DenseRetriever, encoder_path
-from ponder.tools.retrieval.hybrid import HybridRetriever
+from ponder.tools.retrieval.hybrid import FUSIONS, HybridRetriever
 from ponder.types import ToolSpec
 
 if TYPE_CHECKING:
@@ -37,9 +37,21 @@ logger = logging.getLogger(__name__)
 
 TOOL_RETRIEVER_KINDS = ("bm25", "dense", "hybrid")
 INDEX_FORMAT = 1
-# Written by `ponder tools train` next to the encoder: the hybrid's dense vote weight,
-# chosen on validation tools (see eval/tool_retrieval.py).
+# Written by `ponder tools train` next to the encoder: the hybrid's fusion and dense
+# vote weight, chosen on validation tools (see eval/tool_retrieval.py).
 FUSION_FILE = "fusion.json"
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How the hybrid fuses BM25's and the dense ranking: `method` one of FUSIONS,
+    the dense ranking's weight against BM25's 1."""
+
+    method: str = "rrf"
+    dense_weight: float = 1.0
+
+    def __str__(self) -> str:
+        return f"{self.method}, dense weight {self.dense_weight:g}"
 # Types some schema dialects (BFCL's among them) use, and their JSON Schema names.
 _TYPE_ALIASES = {
     "dict": "object", "float": "number", "double": "number", "long": "integer", "int": "integer",
@@ -180,26 +192,28 @@ class _TruncatingDense:
 
 
 class ToolIndex:
-    """Search a tool catalogue by BM25, dense embeddings or both (hybrid, RRF).
+    """Search a tool catalogue by BM25, dense embeddings or both (hybrid).
 
     `encoder`: a SentenceTransformer, a model directory (e.g. a `ponder tools train`
-    output) or None for the packaged all-MiniLM-L6-v2; unused by "bm25". `dense_weight`:
-    the dense ranking's vote in the hybrid's fusion, BM25's being 1 (see
-    `read_dense_weight`). After each `search`, `notes` lists what was done to the
-    queries (truncation).
+    output) or None for the packaged all-MiniLM-L6-v2; unused by "bm25". `fusion`: how
+    the hybrid fuses the two rankings and the dense one's weight (see `read_fusion`).
+    After each `search`, `notes` lists what was done to the queries (truncation).
     """
 
     def __init__(self, specs: list[ToolSpec], kind: str = "hybrid", encoder: Any = None,
                  rrf_k: int = 60, depth: int = 50, embeddings: np.ndarray | None = None,
-                 dense_weight: float = 1.0) -> None:
+                 fusion: Fusion = Fusion()) -> None:
         if kind not in TOOL_RETRIEVER_KINDS:
             raise ToolIndexError(f"unknown tool retriever kind {kind!r}; valid kinds: {', '.join(TOOL_RETRIEVER_KINDS)}")
         if not specs:
             raise ToolIndexError("a tool index needs at least one tool")
+        if fusion.method not in FUSIONS:
+            raise ToolIndexError(f"unknown fusion {fusion.method!r}; valid: {', '.join(FUSIONS)}")
         self.specs = list(specs)
         self.kind = kind
         self.by_name = {spec.name: spec for spec in self.specs}
-        self.fusion = {"rrf_k": rrf_k, "depth": depth, "dense_weight": float(dense_weight)}
+        self.fusion = {"rrf_k": rrf_k, "depth": depth, "dense_weight": float(fusion.dense_weight),
+                       "method": fusion.method}
         self.notes: list[str] = []
         docs = tool_documents(self.specs)
         self.bm25 = BM25Retriever(docs) if kind in ("bm25", "hybrid") else None
@@ -211,13 +225,17 @@ class ToolIndex:
                 else DenseRetriever(docs, model=self.model)
         parts = [r for r in (self.bm25, _TruncatingDense(self.dense, self.notes) if self.dense else None) if r]
         self._retriever = parts[0] if len(parts) == 1 else \
-            HybridRetriever(parts, k=rrf_k, depth=depth, weights=[1.0, float(dense_weight)])
+            HybridRetriever(parts, k=rrf_k, depth=depth, weights=[1.0, float(fusion.dense_weight)],
+                            fusion=fusion.method)
 
     def search(self, queries: list[str], topk: int) -> list[list[ToolHit]]:
         """The `topk` best tools per query, best first."""
+        return [[ToolHit(self.by_name[hit.doc_id], hit.score) for hit in hits] for hits in self.hits(queries, topk)]
+
+    def hits(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        """The `topk` best tools per query as retrieval hits (doc_id = tool name, score)."""
         self.notes.clear()
-        ranked = self._retriever.search(list(queries), topk)
-        return [[ToolHit(self.by_name[hit.doc_id], hit.score) for hit in hits] for hits in ranked]
+        return self._retriever.search(list(queries), topk)
 
     def rank_names(self, queries: list[str], topk: int) -> list[list[str]]:
         return [[hit.spec.name for hit in hits] for hits in self.search(queries, topk)]
@@ -268,22 +286,28 @@ class ToolIndex:
         fusion = meta.get("fusion") or {}
         return cls(specs, kind=meta["kind"], encoder=encoder, embeddings=embeddings,
                    rrf_k=fusion.get("rrf_k", 60), depth=fusion.get("depth", 50),
-                   dense_weight=fusion.get("dense_weight", 1.0))
+                   fusion=Fusion(fusion.get("method", "rrf"), fusion.get("dense_weight", 1.0)))
 
 
-def read_dense_weight(encoder: Any) -> float | None:
-    """The dense fusion weight `ponder tools train` chose for the encoder directory
-    `encoder` (its fusion.json), or None when there is none."""
+def read_fusion(encoder: Any) -> Fusion | None:
+    """The fusion `ponder tools train` chose for the encoder directory `encoder` (its
+    fusion.json; files written before the choice of method hold RRF weights), or None
+    when there is none."""
     if encoder is None or not isinstance(encoder, (str, Path)):
         return None
     path = Path(encoder) / FUSION_FILE
     if not path.is_file():
         return None
     try:
-        return float(json.loads(path.read_text(encoding="utf-8"))["dense_weight"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ToolIndexError(f"{path}: unreadable fusion weight ({exc!r}); rerun `ponder tools train` "
+        chosen = json.loads(path.read_text(encoding="utf-8"))
+        fusion = Fusion(str(chosen.get("method", "rrf")), float(chosen["dense_weight"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ToolIndexError(f"{path}: unreadable fusion choice ({exc!r}); rerun `ponder tools train` "
                              f"or delete the file to use equal votes") from exc
+    if fusion.method not in FUSIONS:
+        raise ToolIndexError(f"{path}: unknown fusion {fusion.method!r} (valid: {', '.join(FUSIONS)}); "
+                             "rerun `ponder tools train`")
+    return fusion
 
 
 def _model_source(model: SentenceTransformer) -> str:
