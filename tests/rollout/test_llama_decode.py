@@ -102,6 +102,16 @@ def test_greedy_generation_is_the_same_with_either_decoder(trained_lora):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
+@pytest.mark.parametrize("decoder", ["auto", "transformers"])
+def test_refresh_frees_the_old_sampling_copy(trained_lora, decoder):
+    import weakref
+
+    backend = HFBackend(trained_lora(tiny_policy(seed=0)), SamplingConfig(decoder=decoder), seed=0)
+    old = weakref.ref(backend.sampling_model())
+    backend.refresh()  # the lean decoder goes by reference counting, a transformers copy by gc.collect
+    assert old() is None and backend.sampling_model() is not None
+
+
 def test_models_it_does_not_cover_fall_back_to_transformers():
     policy = tiny_policy(seed=0)
     policy.model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}

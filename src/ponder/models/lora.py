@@ -1,4 +1,4 @@
-"""LoRA adapters through PEFT."""
+"""LoRA adapters through PEFT (their linears fused: see models/lora_fused.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
+
+    from ponder.models.lora_fused import fuse_lora_linears
 
     config = config or LoraConfig()
     layers = None
@@ -37,6 +39,7 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
         task_type="CAUSAL_LM",
     )
     model: Any = get_peft_model(policy.model, peft_config)
+    fuse_lora_linears(model)
     return Policy(model=model, tokenizer=policy.tokenizer, name=policy.name, device=policy.device)
 
 
@@ -45,3 +48,4 @@ def trainable_parameters(model: Any) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return trainable, total
+

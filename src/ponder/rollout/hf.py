@@ -33,7 +33,7 @@ from ponder.config import SamplingConfig
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
-from ponder.rollout.llama_decode import lean_decoder
+from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
 
 # Stop strings are checked on the decoded tail of each row; this many tokens cover
 # any tag-like stop string while keeping the per-step decode cheap.
@@ -65,10 +65,12 @@ class HFBackend:
 
     def refresh(self) -> None:
         """The policy's weights changed: rebuild the sampling copy on next use."""
-        self._sampler = None
+        cyclic = self._sampler is not None and not isinstance(self._sampler, LlamaDecoder)
+        self._sampler = None  # a lean decoder is freed here (no reference cycles)
         if self.store is not None:
             self.store.clear()
-        gc.collect()  # PEFT modules hold reference cycles; free the old 0.5 GB copy now
+        if cyclic:
+            gc.collect()  # a transformers copy's modules hold reference cycles; free its 0.5 GB now
         _return_free_memory()
 
     def sampling_model(self) -> Any:

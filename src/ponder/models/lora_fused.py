@@ -1,0 +1,93 @@
+"""A fused LoRA linear for training: PEFT's LoRA Linear with a faster exact forward.
+
+PEFT computes a LoRA linear as base(x) + lora_B(lora_A(dropout(x))) * scaling: five
+autograd nodes, and an elementwise multiply and add over the whole [tokens, out]
+output in each direction. `LoraLinearFunction` computes the same thing with the scale
+and the sum folded into one matrix product (`addmm_`) and a hand-written backward,
+so the update step runs the same matrix products and none of those elementwise
+passes. `FusedLoraLinear` uses it where it is exact: one active plain adapter, no
+dropout, no LoRA bias, unmerged, adapters enabled, frozen base weights; anything
+else (and the reference pass, adapters disabled) goes through PEFT's own forward.
+This module imports PEFT; `apply_lora` imports it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from peft.tuners.lora.layer import Linear
+
+
+class LoraLinearFunction(torch.autograd.Function):
+    """y = x Wᵀ + b + s (x Aᵀ) Bᵀ with W and b frozen; gradients for x, A and B.
+
+    Backward, with g = dL/dy and u = x Aᵀ saved from the forward:
+    dL/dx = g W + s (g B) A,  dL/dA = s (g B)ᵀ x,  dL/dB = s gᵀ u.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        down = rows @ lora_a.t()
+        out = F.linear(rows, weight, bias)
+        out.addmm_(down, lora_b.t(), alpha=scaling)
+        ctx.save_for_backward(rows, down, weight, lora_a, lora_b)
+        ctx.scaling = scaling
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        rows, down, weight, lora_a, lora_b = ctx.saved_tensors
+        scaling = ctx.scaling
+        grad_rows = grad.reshape(-1, grad.shape[-1])
+        grad_down = grad_rows @ lora_b
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (grad_rows @ weight).addmm_(grad_down, lora_a, alpha=scaling)
+            grad_x = grad_x.view(*grad.shape[:-1], weight.shape[1])
+        grad_a = (grad_down.t() @ rows).mul_(scaling) if ctx.needs_input_grad[3] else None
+        grad_b = (grad_rows.t() @ down).mul_(scaling) if ctx.needs_input_grad[4] else None
+        return grad_x, None, None, grad_a, grad_b, None
+
+
+def fuse_lora_linears(model: Any) -> int:
+    """Give every PEFT LoRA Linear of `model` the fused forward; returns how many."""
+    count = 0
+    for module in model.modules():
+        if type(module) is Linear:
+            module.__class__ = FusedLoraLinear
+            count += 1
+    return count
+
+
+class FusedLoraLinear(Linear):
+    """PEFT's LoRA Linear; its forward takes `LoraLinearFunction` when that is exact."""
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        name = self._fusable_adapter(x, args, kwargs)
+        if name is None:
+            return super().forward(x, *args, **kwargs)
+        base = self.base_layer
+        return LoraLinearFunction.apply(x, base.weight, base.bias, self.lora_A[name].weight,
+                                        self.lora_B[name].weight, float(self.scaling[name]))
+
+    def _fusable_adapter(self, x: torch.Tensor, args: tuple, kwargs: dict) -> str | None:
+        active = [name for name in self.active_adapters if name in self.lora_A]
+        if args or kwargs or self.disable_adapters or self.merged or len(active) != 1:
+            return None
+        name = active[0]
+        base, lora_a, lora_b = self.base_layer, self.lora_A[name], self.lora_B[name]
+        plain = (
+            name not in self.lora_variant
+            and isinstance(self.lora_dropout[name], torch.nn.Identity)
+            and lora_b.bias is None
+            and not self.fan_in_fan_out
+            and isinstance(base, torch.nn.Linear)
+            and not base.weight.requires_grad
+            and (base.bias is None or not base.bias.requires_grad)
+            and x.dtype == base.weight.dtype == lora_a.weight.dtype == lora_b.weight.dtype
+        )
+        return name if plain else None
