@@ -37,3 +37,21 @@ def test_repeats_count_once_and_order_of_queries_does_not_matter():
     forward = ranking_report(rankings, relevant)
     backward = ranking_report(rankings[::-1], relevant[::-1])
     assert forward == pytest.approx(backward)
+
+
+def test_paired_difference_hand_computed_and_antisymmetric():
+    from ponder.eval.ranking import paired_difference
+
+    first, second = [["a", "b"], ["x", "y", "z"], ["q"]], [["b", "a"], ["z", "y", "x"], ["q"]]
+    relevant = [{"a"}, {"z"}, set()]  # the third query has no label: left out
+    # reciprocal rank: q1 1 - 1/2 = +1/2, q2 1/3 - 1 = -2/3; mean -1/12, sd 7/12, se 7/12 / sqrt 2
+    report = paired_difference(first, second, relevant)
+    assert report["mrr"]["mean"] == pytest.approx(-1 / 12)
+    assert report["mrr"]["se"] == pytest.approx(7 / 12 / 2**0.5)
+    assert (report["mrr"]["better"], report["mrr"]["worse"]) == (1, 1)
+    assert report["recall@5"] == {"mean": 0.0, "se": 0.0, "better": 0.0, "worse": 0.0}
+    swapped = paired_difference(second, first, relevant)["mrr"]
+    assert swapped["mean"] == pytest.approx(1 / 12) and swapped["se"] == pytest.approx(report["mrr"]["se"])
+    assert (swapped["better"], swapped["worse"]) == (1, 1)
+    with pytest.raises(ValueError, match="2 and 3 rankings for 3 relevance sets"):
+        paired_difference(first[:2], second, relevant)

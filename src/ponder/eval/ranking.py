@@ -71,5 +71,27 @@ def ranking_report(
     return report
 
 
+PAIRED_METRICS = {"recall@5": lambda r, rel: recall_at_k(r, rel, 5), "mrr": reciprocal_rank}
+
+
+def paired_difference(
+    first: Sequence[Sequence[str]], second: Sequence[Sequence[str]], relevant: Sequence[set[str]],
+) -> dict[str, dict[str, float]]:
+    """Per query, first's metric minus second's, for recall@5 and reciprocal rank (MRR):
+    the mean difference, its paired standard error (population sd / sqrt(n)) and how
+    many queries went each way. Queries with no relevant id are left out."""
+    if not len(first) == len(second) == len(relevant):
+        raise ValueError(f"{len(first)} and {len(second)} rankings for {len(relevant)} relevance sets")
+    scored = [(a, b, rel) for a, b, rel in zip(first, second, relevant) if rel]
+    report = {}
+    for name, metric in PAIRED_METRICS.items():
+        diffs = [metric(a, rel) - metric(b, rel) for a, b, rel in scored]
+        mean = _mean(diffs)
+        spread = math.sqrt(_mean([(d - mean) ** 2 for d in diffs])) if diffs else float("nan")
+        report[name] = {"mean": mean, "se": spread / math.sqrt(len(diffs)) if diffs else float("nan"),
+                        "better": float(sum(d > 0 for d in diffs)), "worse": float(sum(d < 0 for d in diffs))}
+    return report
+
+
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values) if values else float("nan")

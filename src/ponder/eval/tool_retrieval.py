@@ -27,7 +27,7 @@ from ponder.eval.bfcl.data import (
     LIVE, NON_LIVE, LabelledQuery, ToolCorpus, definition_to_spec, function_coin, is_test_function,
     labelled_queries, load_questions, load_tool_corpus, split_by_function, split_queries,
 )
-from ponder.eval.ranking import ranking_report
+from ponder.eval.ranking import paired_difference, ranking_report
 from ponder.tools.retrieval.corpus import Hit
 from ponder.tools.retrieval.hybrid import FUSIONS, fuse
 from ponder.tools.retrieval.finetune import ContrastiveConfig, ContrastiveExample, mine_examples
@@ -206,13 +206,15 @@ def evaluate_retrievers(
     """recall@1/5/10, MRR and nDCG@10 on the held-out and live queries for each retriever.
 
     Without a fine-tuned encoder its rows are left out, and without `fusion` (the one
-    chosen on validation) the tuned hybrid row. Embeddings are computed once per
-    encoder and shared between its dense and hybrid rows.
+    chosen on validation) the tuned hybrid row, which also carries `vs_fine_tuned`: its
+    per-query difference from the fine-tuned encoder (`paired_difference`). Embeddings
+    are computed once per encoder and shared between its dense and hybrid rows.
     """
     specs = data.corpus.specs
     encoders = {"base": None, "tuned": tuned_encoder}
     dense_embeddings: dict[str, Any] = {}
     rows = []
+    rankings: dict[tuple[str, str], list[list[str]]] = {}
     for key, label, kind, encoder_key, weighted in RETRIEVER_ROWS:
         if (encoder_key == "tuned" and tuned_encoder is None) or (only and key not in only) \
                 or (weighted and fusion is None):
@@ -225,9 +227,11 @@ def evaluate_retrievers(
         if encoder_key and encoder_key not in dense_embeddings:
             dense_embeddings[encoder_key] = index.embeddings()
         for split, queries in (("held-out", data.test), ("live", data.live)):
-            ranked = index.rank_names([q.query for q in queries], 10)
-            report = ranking_report(ranked, [q.relevant for q in queries])
-            rows.append({"retriever": label, "split": split, **report})
+            ranked = rankings[key, split] = index.rank_names([q.query for q in queries], 10)
+            relevant = [q.relevant for q in queries]
+            rows.append({"retriever": label, "split": split, **ranking_report(ranked, relevant)})
+            if key == "hybrid-weighted" and ("tuned", split) in rankings:
+                rows[-1]["vs_fine_tuned"] = paired_difference(ranked, rankings["tuned", split], relevant)
         say(f"{label}: {time.perf_counter() - started:.0f} s")
     return rows
 
@@ -241,4 +245,12 @@ def retrieval_markdown(rows: list[dict[str, Any]]) -> str:
             if row["split"] == split:
                 metrics = " | ".join(f"{row[m]:.3f}" for m in ("recall@1", "recall@5", "recall@10", "mrr", "ndcg@10"))
                 lines.append(f"| {split} | {row['retriever']} | {int(row['queries'])} | {metrics} |")
+    lines += [_paired_line(row) for row in rows if "vs_fine_tuned" in row]
     return "\n".join(lines)
+
+
+def _paired_line(row: dict[str, Any]) -> str:
+    """One sentence: the tuned hybrid minus the fine-tuned encoder, per query, paired."""
+    parts = [f"{name} {d['mean']:+.4f} (paired se {d['se']:.4f}; better on {int(d['better'])}, "
+             f"worse on {int(d['worse'])} queries)" for name, d in row["vs_fine_tuned"].items()]
+    return f"\n{row['split']}: {row['retriever']} minus dense (fine-tuned): " + ", ".join(parts)
