@@ -64,3 +64,11 @@ def test_decode_kernels_smoke(tmp_path):
     assert names == ["q|k|v", "o", "gate|up", "down", "head", "all"] * 2  # both batch sizes, every matrix
     speedups = [float(row[-1].rstrip("x |")) for row in rows]
     assert all(speedup > 0 for speedup in speedups)  # both kernels timed (ms are printed rounded)
+
+
+def test_lora_linear_smoke(tmp_path):
+    stdout = _run("lora_linear.py", tmp_path, "--threads", "1")
+    assert "gradients equal within" in stdout
+    rows = {line.split(" | ")[0].lstrip("| "): float(line.split(" | ")[1]) for line in stdout.splitlines()
+            if line.startswith("| PEFT") or line.startswith("| ponder")}
+    assert set(rows) == {"PEFT's Linear", "ponder's fused LoRA linear"} and all(ms > 0 for ms in rows.values())
