@@ -36,7 +36,7 @@ def test_fused_lora_matches_peft_forward_and_gradients(trained_lora):
     assert torch.allclose(fused_logits, peft_logits, rtol=1e-5, atol=1e-6)
     assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 28  # A and B of 14 linears
     for name, grad in peft_grads.items():
-        assert torch.allclose(fused_grads[name], grad, rtol=1e-4, atol=1e-7), name
+        assert float((fused_grads[name] - grad).norm() / grad.norm()) < 1e-5, (name, float((fused_grads[name] - grad).norm() / grad.norm()))
         assert grad.abs().sum() > 0
 
 
