@@ -174,3 +174,28 @@ def test_cross_validation_refuses_a_validation_split_too():
     data = _cv_data()
     with pytest.raises(ValueError, match="validation_fraction 0"):
         cross_validated_fusion(replace(data, validation=data.train[:2]), None, 3, lambda _: None)
+
+
+def test_the_tuned_hybrid_row_carries_its_paired_difference_from_the_encoder():
+    from dataclasses import replace
+
+    from ponder.eval.tool_retrieval import evaluate_retrievers, retrieval_markdown
+    from ponder.tools.retrieval.toolindex import load_tool_encoder
+
+    data = _cv_data()
+    data = replace(data, test=data.train[:30], live=data.train[30:])
+    rows = evaluate_retrievers(data, load_tool_encoder(None), only=["tuned", "hybrid-weighted"],
+                               fusion=Fusion("convex", 4.0))
+    by = {(row["retriever"], row["split"]): row for row in rows}
+    assert set(by) == {(name, split) for name in ("dense (fine-tuned)", "hybrid (BM25 + fine-tuned, convex, dense weight 4)")
+                       for split in ("held-out", "live")}
+    for split in ("held-out", "live"):
+        hybrid, dense = by["hybrid (BM25 + fine-tuned, convex, dense weight 4)", split], by["dense (fine-tuned)", split]
+        paired = hybrid["vs_fine_tuned"]
+        # the mean of per-query differences is the difference of the means
+        assert paired["recall@5"]["mean"] == pytest.approx(hybrid["recall@5"] - dense["recall@5"], abs=1e-12)
+        assert paired["mrr"]["mean"] == pytest.approx(hybrid["mrr"] - dense["mrr"], abs=1e-12)
+        assert paired["mrr"]["better"] + paired["mrr"]["worse"] <= hybrid["queries"]
+        assert "vs_fine_tuned" not in dense
+    table = retrieval_markdown(rows)
+    assert table.count("minus dense (fine-tuned): recall@5") == 2

@@ -214,7 +214,7 @@ def evaluate_retrievers(
     encoders = {"base": None, "tuned": tuned_encoder}
     dense_embeddings: dict[str, Any] = {}
     rows = []
-    rankings: dict[tuple[str, str], list[list[str]]] = {}
+    encoder_ranked: dict[str, list[list[str]]] = {}  # split -> the fine-tuned encoder's rankings
     for key, label, kind, encoder_key, weighted in RETRIEVER_ROWS:
         if (encoder_key == "tuned" and tuned_encoder is None) or (only and key not in only) \
                 or (weighted and fusion is None):
@@ -227,11 +227,13 @@ def evaluate_retrievers(
         if encoder_key and encoder_key not in dense_embeddings:
             dense_embeddings[encoder_key] = index.embeddings()
         for split, queries in (("held-out", data.test), ("live", data.live)):
-            ranked = rankings[key, split] = index.rank_names([q.query for q in queries], 10)
+            ranked = index.rank_names([q.query for q in queries], 10)
             relevant = [q.relevant for q in queries]
             rows.append({"retriever": label, "split": split, **ranking_report(ranked, relevant)})
-            if key == "hybrid-weighted" and ("tuned", split) in rankings:
-                rows[-1]["vs_fine_tuned"] = paired_difference(ranked, rankings["tuned", split], relevant)
+            if key == "tuned":
+                encoder_ranked[split] = ranked
+            elif key == "hybrid-weighted" and split in encoder_ranked:
+                rows[-1]["vs_fine_tuned"] = paired_difference(ranked, encoder_ranked[split], relevant)
         say(f"{label}: {time.perf_counter() - started:.0f} s")
     return rows
 

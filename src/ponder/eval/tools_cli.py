@@ -10,7 +10,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ponder.tools.retrieval.toolindex import Fusion
 
 DEFAULT_ENCODER_DIR = "runs/tools/encoder"
 
@@ -64,8 +67,8 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
         for row in fusion["sweep"]:
             print(f"validation: {row['method']}, dense weight {row['dense_weight']:g}: recall@5 "
                   f"{row['recall@5']:.3f} MRR {row['mrr']:.3f}", file=sys.stderr)
-        print(f"ponder tools train: hybrid fusion {fusion['method']}, dense weight {fusion['dense_weight']:g} chosen on "
-              f"{fusion['validation_queries']} validation queries ({fusion['selected_by']}); saved {out / FUSION_FILE}")
+        print(f"ponder tools train: hybrid fusion {fusion['method']}, dense weight {fusion['dense_weight']:g} "
+              f"chosen on {fusion['validation_queries']} validation queries ({fusion['selected_by']}); saved {out / FUSION_FILE}")
     return 0
 
 
@@ -113,7 +116,7 @@ def cmd_tools_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fusion(args: argparse.Namespace) -> Any:
+def _fusion(args: argparse.Namespace) -> Fusion:
     """--fusion and --dense-weight where given, else the encoder's fusion.json, else RRF
     with equal votes."""
     from ponder.tools.retrieval.toolindex import Fusion, read_fusion
