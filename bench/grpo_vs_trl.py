@@ -6,7 +6,8 @@
 1. Prepares the model directories (bench.prepare): the embedded SmolLM2-135M, and for
    the tool workload the same SFT-warmed checkpoint for both systems.
 2. Runs the correctness gate (bench.gate): ponder's loss and gradients must equal
-   TRL's on a fixed batch within 1e-5 relative, else no speed ratio is printed.
+   TRL's on a fixed batch within 1e-5 relative in float64, and ponder's float32
+   rounding must be no worse than TRL's own, else no speed ratio is printed.
 3. Per workload, starts one worker process per system (bench.worker) and alternates
    them step by step, A B A B: warm-up steps first, then the measured ones. Only one
    step runs at a time; each process's peak RSS is its own.
@@ -352,9 +353,10 @@ def _gate_line(gate: dict[str, Any]) -> str:
     verdict = "PASS" if gate["passed"] else "FAIL"
     return (
         f"correctness gate {verdict}: TRL loss_type={gate['loss_type']} vs ponder {gate['aggregation']}, "
-        f"loss rel diff {gate['loss_rel']:.1e}, gradient rel diff {gate['grad_rel_global']:.1e} "
-        f"(largest per tensor {gate['grad_rel_max']:.1e} over {gate['tensors']} adapter tensors), "
-        f"tolerance {gate['tolerance']:g}"
+        f"float64: loss rel diff {gate['loss_rel']:.1e}, gradient rel diff {gate['grad_rel_global']:.1e} "
+        f"(largest per tensor {gate['grad_rel_max']:.1e} over {gate['tensors']} adapter tensors); "
+        f"float32: gradient rel diff {gate['fp32_grad_rel']:.1e}, rounding vs float64 ponder "
+        f"{gate['fp32_ponder_error']:.1e}, TRL {gate['fp32_trl_error']:.1e}; tolerance {gate['tolerance']:g}"
     )
 
 

@@ -39,6 +39,9 @@ def test_ponder_loss_and_gradients_equal_trls(tiny_dir, loss_type, aggregation, 
     assert result.grad_rel_max <= TOLERANCE  # per tensor too, on the 2-layer model
     assert abs(result.loss_trl) > 1e-3  # a real loss, not two zeros agreeing
     assert result.logprob_max_abs_diff < 1e-5
+    # float32 as benchmarked: ponder's rounding no worse than TRL's own (or within tolerance)
+    assert 0 < result.fp32_ponder_error <= max(TOLERANCE, result.fp32_trl_error)
+    assert result.fp32_grad_rel < 1e-4
 
 
 def test_a_mismatched_loss_fails_the_gate(tiny_dir):

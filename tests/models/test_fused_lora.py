@@ -2,12 +2,13 @@
 
 import pickle
 
+import pytest
 import torch
 from peft.tuners.lora.layer import Linear
 
 from ponder.config import LoraConfig
 from ponder.models import apply_lora, tiny_policy
-from ponder.models.lora_fused import FusedLoraLinear, LoraLinearFunction, fuse_lora_linears
+from ponder.models.lora_fused import FrozenLinear, FusedLoraLinear, LoraLinearFunction, fuse_lora_linears
 
 
 def _loss_and_grads(model, input_ids):
@@ -25,13 +26,17 @@ def _with_class(model, cls):
             module.__class__ = cls
 
 
-def test_fused_lora_matches_peft_forward_and_gradients(trained_lora):
+@pytest.mark.parametrize("kernel", ["blas", "onednn"])
+def test_fused_lora_matches_peft_forward_and_gradients(kernel, trained_lora, monkeypatch):
+    monkeypatch.setenv("PONDER_MATMUL", kernel)  # the frozen products through MKL or oneDNN
     policy = trained_lora(tiny_policy(seed=0))
     model = policy.model
     assert sum(type(m) is FusedLoraLinear for m in model.modules()) == 14  # 2 layers x 7 linears
+    assert type(model.get_output_embeddings()) is FrozenLinear
     input_ids = torch.randint(5, 400, (3, 11), generator=torch.Generator().manual_seed(0))
     fused_logits, fused_grads = _loss_and_grads(model, input_ids)
     _with_class(model, Linear)  # PEFT's own forward
+    model.get_output_embeddings().__class__ = torch.nn.Linear
     peft_logits, peft_grads = _loss_and_grads(model, input_ids)
     assert torch.allclose(fused_logits, peft_logits, rtol=1e-5, atol=1e-6)
     assert fused_grads.keys() == peft_grads.keys() and len(fused_grads) == 28  # A and B of 14 linears

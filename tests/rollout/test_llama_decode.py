@@ -6,7 +6,6 @@ import torch
 from ponder.config import SamplingConfig
 from ponder.models import Policy, tiny_policy, tiny_tokenizer
 from ponder.rollout import GenerationRequest, HFBackend
-from ponder.rollout import llama_decode
 from ponder.rollout.kv import SlabCache
 from ponder.rollout.llama_decode import LlamaDecoder, attention_slots, lean_decoder
 
@@ -39,15 +38,15 @@ def both_forwards(policy: Policy, lean: LlamaDecoder, input_ids, attention_mask,
     return expected, actual
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["sgemm", "blocked"])
+@pytest.mark.parametrize("kernel", ["blas", "onednn"])
 @pytest.mark.parametrize("architecture", ["llama+lora", "qwen2"])
-def test_logits_equal_the_transformers_model_through_prefill_and_decode(architecture, packed, trained_lora,
+def test_logits_equal_the_transformers_model_through_prefill_and_decode(architecture, kernel, trained_lora,
                                                                         monkeypatch):
-    # the tiny models' matrices are below the packing size; `blocked` packs the wide ones anyway
-    monkeypatch.setattr(llama_decode, "_PACK_MIN_ELEMENTS", 0 if packed else llama_decode._PACK_MIN_ELEMENTS)
+    monkeypatch.setenv("PONDER_MATMUL", kernel)  # sgemm throughout, or every matrix in the blocked layout
     policy = trained_lora(tiny_policy(seed=0)) if architecture == "llama+lora" else tiny_qwen2()
     lean = lean_decoder(policy.model)
-    assert [lean.head.packed, lean.layers[0].gate_up.packed, lean.layers[0].qkv.packed] == [packed, packed, False]
+    packed = kernel == "onednn"
+    assert [lean.head.packed, lean.layers[0].gate_up.packed, lean.layers[0].qkv.packed] == [packed] * 3
     assert isinstance(lean, LlamaDecoder)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(5, 300, (3, 7), generator=generator)

@@ -8,6 +8,10 @@ so the update step runs the same matrix products and none of those elementwise
 passes. `FusedLoraLinear` uses it where it is exact: one active plain adapter, no
 dropout, no LoRA bias, unmerged, adapters enabled, frozen base weights; anything
 else (and the reference pass, adapters disabled) goes through PEFT's own forward.
+Both run their frozen products (x Wᵀ forward, g W backward) through
+`cpu_matmul.linear`, oneDNN or MKL, whichever measured faster on this CPU; so do the
+reference pass (adapters disabled) and every other frozen linear layer (the LM head),
+through `FrozenLinear`.
 This module imports PEFT; `apply_lora` imports it on first use.
 """
 
@@ -16,8 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from peft.tuners.lora.layer import Linear
+
+from ponder.models.cpu_matmul import linear
 
 
 class LoraLinearFunction(torch.autograd.Function):
@@ -32,7 +37,7 @@ class LoraLinearFunction(torch.autograd.Function):
                 lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         down = rows @ lora_a.t()
-        out = F.linear(rows, weight, bias)
+        out = linear(rows, weight, bias)
         out.addmm_(down, lora_b.t(), alpha=scaling)
         ctx.save_for_backward(rows, down, weight, lora_a, lora_b)
         ctx.scaling = scaling
@@ -46,31 +51,65 @@ class LoraLinearFunction(torch.autograd.Function):
         grad_down = grad_rows @ lora_b
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = (grad_rows @ weight).addmm_(grad_down, lora_a, alpha=scaling)
+            grad_x = linear(grad_rows, weight.t()).addmm_(grad_down, lora_a, alpha=scaling)
             grad_x = grad_x.view(*grad.shape[:-1], weight.shape[1])
         grad_a = (grad_down.t() @ rows).mul_(scaling) if ctx.needs_input_grad[3] else None
         grad_b = (grad_rows.t() @ down).mul_(scaling) if ctx.needs_input_grad[4] else None
         return grad_x, None, None, grad_a, grad_b, None
 
 
+class FrozenLinearFunction(torch.autograd.Function):
+    """y = x Wᵀ + b with W and b frozen; dL/dx = g W."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (weight,) = ctx.saved_tensors
+        return linear(grad, weight.t()) if ctx.needs_input_grad[0] else None, None, None
+
+
+def _frozen(layer: torch.nn.Linear) -> bool:
+    return not layer.weight.requires_grad and (layer.bias is None or not layer.bias.requires_grad)
+
+
 def fuse_lora_linears(model: Any) -> int:
-    """Give every PEFT LoRA Linear of `model` the fused forward; returns how many."""
+    """Give every PEFT LoRA Linear of `model` the fused forward, and every plain
+    torch Linear the frozen one (used while it is frozen); returns how many LoRA
+    linears were fused."""
     count = 0
     for module in model.modules():
         if type(module) is Linear:
             module.__class__ = FusedLoraLinear
             count += 1
+        elif type(module) is torch.nn.Linear:
+            module.__class__ = FrozenLinear
     return count
 
 
+class FrozenLinear(torch.nn.Linear):
+    """torch's Linear; while its weight and bias are frozen, through FrozenLinearFunction."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _frozen(self):
+            return FrozenLinearFunction.apply(x, self.weight, self.bias)
+        return super().forward(x)
+
+
 class FusedLoraLinear(Linear):
-    """PEFT's LoRA Linear; its forward takes `LoraLinearFunction` when that is exact."""
+    """PEFT's LoRA Linear; its forward takes `LoraLinearFunction` when that is exact,
+    and the base layer alone when adapters are disabled (the reference pass)."""
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        base = self.base_layer
+        if self.disable_adapters and not self.merged and not args and not kwargs and isinstance(base, torch.nn.Linear):
+            return base(x)  # PEFT's forward does the same; base is a FrozenLinear when frozen
         name = self._fusable_adapter(x, args, kwargs)
         if name is None:
             return super().forward(x, *args, **kwargs)
-        base = self.base_layer
         return LoraLinearFunction.apply(x, base.weight, base.bias, self.lora_A[name].weight,
                                         self.lora_B[name].weight, float(self.scaling[name]))
 

@@ -8,10 +8,11 @@ MKL's sgemm streams at ~40 % of the bandwidth for the MLP's wide matrices and th
 
 - holds each layer's weights fused (q|k|v in one matrix, gate|up in one) with LoRA
   merged, so one product replaces three and one replaces two;
-- stores the wide matrices in oneDNN's blocked layout (`torch.ops.mkldnn`, the
-  format torch.compile's CPU backend packs linear weights into): measured 1.8× faster
-  than sgemm on gate|up and 2.3× on the vocabulary head at batch 8
-  (`bench/decode_kernels.py`, docs/benchmarks.md);
+- stores a matrix in oneDNN's blocked layout (`torch.ops.mkldnn`, the format
+  torch.compile's CPU backend packs linear weights into) where that measures faster
+  than `cpu_matmul.linear` on this CPU: on an Intel Xeon 1.8× on gate|up and 2.3× on
+  the vocabulary head at batch 8, and slower on the square ones; on an AMD EPYC
+  2.7-5.5× on every matrix (`bench/decode_kernels.py`, docs/benchmarks.md);
 - runs one plain loop over the layers (RMSNorm, rotary, SDPA with grouped KV heads)
   on the backend's `SlabCache`, with none of the generic model's mask building.
 
@@ -30,18 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ponder.models import cpu_matmul
+
 _ARCHITECTURES = {"llama", "qwen2"}
-# Only wide matrices (rows >= this many times columns: gate|up, the vocabulary head)
-# go into the blocked layout: it streams them 1.3-2.3x faster than sgemm at 8-32 rows
-# and nearly as fast at 1, while square and narrow ones (q|k|v, o, down) measured
-# 0.6-0.7x at 1 row and about even at 8-32 (bench/decode_kernels.py).
-_PACK_MIN_ASPECT = 4
-# ... and big enough: a oneDNN call costs ~25 µs more than sgemm's, which small
-# matrices never win back (a tiny test model's measured 0.15-0.3x).
-_PACK_MIN_ELEMENTS = 1 << 20
-# The batch size the blocked layout is tuned for (any batch size works with it; hints
-# of 8, 32 and 128 measured the same on SmolLM2 at batch 8, 32 and 128).
-_PACK_BATCH_HINT = 32
 
 
 @dataclass
@@ -192,26 +184,18 @@ def _bias_or_zeros(module: Any) -> torch.Tensor:
 
 
 class _Linear:
-    """x -> x @ weightᵀ + bias; a wide, big fp32 weight in oneDNN's blocked layout."""
+    """x -> x @ weightᵀ + bias; the weight in oneDNN's blocked layout where that measured
+    faster on this CPU for its shape (cpu_matmul.packing_wins): on the Intel Xeons
+    measured earlier only the wide ones (gate|up, the vocabulary head), on an AMD EPYC
+    every matrix (docs/benchmarks.md)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        wide = weight.shape[0] >= _PACK_MIN_ASPECT * weight.shape[1] and weight.numel() >= _PACK_MIN_ELEMENTS
-        self.packed = wide and _can_pack(weight)
         self.bias = bias
-        self.weight = (
-            torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_BATCH_HINT) if self.packed else weight
-        )
+        packed = cpu_matmul.pack(weight) if cpu_matmul.onednn_usable(weight) and cpu_matmul.kernel_choice() != "blas" else None
+        self.packed = packed is not None and cpu_matmul.packing_wins(weight, packed)
+        self.weight = packed if self.packed else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def _can_pack(weight: torch.Tensor) -> bool:
-    return (
-        weight.dtype == torch.float32
-        and weight.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+            return cpu_matmul.packed_linear(x, self.weight, self.bias)
+        return cpu_matmul.linear(x, self.weight, self.bias)
