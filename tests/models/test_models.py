@@ -10,6 +10,7 @@ from ponder.models import (
     apply_lora,
     entropy_from_logits,
     load_policy,
+    logprobs_and_entropy,
     logprobs_from_logits,
     reference_logprobs,
     tiny_policy,
@@ -354,3 +355,30 @@ def test_lora_last_n_layers_adapts_only_the_top_layers():
     names = [name for name, p in adapted.model.named_parameters() if p.requires_grad]
     assert names and all(".layers.1." in name for name in names)
     assert len(names) == 14  # 7 linear modules x (lora_A, lora_B) in the top layer only
+
+
+def test_logprobs_and_entropy_hand_example():
+    # softmax([0, log 3]) = [1/4, 3/4]: log p(1) = log 0.75; H = -(0.25 log 0.25 + 0.75 log 0.75)
+    logits = torch.tensor([[[0.0, math.log(3)]]])
+    picked, entropy = logprobs_and_entropy(logits, torch.tensor([[1]]), with_entropy=True)
+    assert torch.allclose(picked, torch.tensor([[math.log(0.75)]]), atol=1e-6)
+    assert torch.allclose(entropy, torch.tensor([[-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))]]), atol=1e-6)
+    assert logprobs_and_entropy(logits, torch.tensor([[1]]), with_entropy=False)[1] is None
+
+
+def test_logprobs_and_entropy_match_the_separate_helpers_and_ignore_a_shift():
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 5, 300, generator=generator) * 3).requires_grad_()
+    targets = torch.randint(0, 300, (2, 5), generator=generator)
+    picked, entropy = logprobs_and_entropy(logits, targets, with_entropy=True, entropy_grad=True)
+    assert torch.allclose(picked, logprobs_from_logits(logits, targets), atol=1e-5)
+    assert torch.allclose(entropy, entropy_from_logits(logits), atol=1e-5)
+    (grad,) = torch.autograd.grad(entropy.sum(), logits)
+    (expected,) = torch.autograd.grad(entropy_from_logits(logits).sum(), logits)
+    assert torch.allclose(grad, expected, atol=1e-5)
+    # softmax is shift-invariant per row: adding a constant changes neither output
+    shifted = logprobs_and_entropy(logits.detach() + 7.5, targets, with_entropy=True)
+    assert torch.allclose(shifted[0], picked, atol=1e-4) and torch.allclose(shifted[1], entropy, atol=1e-4)
+    # without entropy_grad the entropy carries no gradient (the logprobs still do)
+    picked, entropy = logprobs_and_entropy(logits, targets, with_entropy=True, entropy_grad=False)
+    assert picked.requires_grad and not entropy.requires_grad

@@ -4,6 +4,7 @@ from ponder.models.loading import EMBEDDED_NAME, ModelLoadError, Policy, cache_d
 from ponder.models.logprobs import (
     adapters_disabled,
     entropy_from_logits,
+    logprobs_and_entropy,
     logprobs_from_logits,
     reference_logprobs,
     token_logprobs,
@@ -20,6 +21,7 @@ __all__ = [
     "cache_dir",
     "entropy_from_logits",
     "load_policy",
+    "logprobs_and_entropy",
     "logprobs_from_logits",
     "reference_logprobs",
     "tiny_policy",

@@ -27,6 +27,24 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits)[targets] [B, T] and, when `with_entropy`, the entropy of
+    softmax(logits) [B, T] (with gradient only when `entropy_grad`), sharing one
+    log-sum-exp over the vocabulary: H = lse − Σ p·logits. logits [B, T, V], already
+    divided by the temperature; targets [B, T]."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return picked, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        source, norm = (logits, lse) if entropy_grad else (logits.detach(), lse.detach())
+        probs = torch.exp(source - norm.unsqueeze(-1))
+        return picked, norm - (probs * source).sum(-1)
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dim; [B, T, V] -> [B, T]."""
     logp = torch.log_softmax(logits.float(), dim=-1)

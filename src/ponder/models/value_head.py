@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ponder.models.logprobs import entropy_from_logits, logprobs_from_logits, position_ids_from_mask
+from ponder.models.logprobs import logprobs_and_entropy, position_ids_from_mask
 
 
 class ValueHead(torch.nn.Module):
@@ -29,15 +29,17 @@ def forward_policy(
     temperature: float = 1.0,
     value_head: ValueHead | None = None,
     loss_mask: torch.Tensor | None = None,
+    with_entropy: bool = False,
     entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One pass: (logprobs [B, L-1], entropy [B, L-1], values [B, L-1] or None).
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One pass: (logprobs [B, L-1], entropy [B, L-1] or None, values [B, L-1] or None).
 
     With `loss_mask` [B, L-1], the vocabulary projection runs only at the K
     positions where some row has a policy token (the rest of logprobs is 0):
     prompt and observation positions need no logits, and at 49k vocabulary
     entries they would dominate the cost. Entropy (of softmax(logits/T)) is
-    computed at the same positions, with gradient only when `entropy_grad`.
+    computed at the same positions when `with_entropy` (the RL update logs it; the
+    reference pass, SFT and DPO do not need it), with gradient only when `entropy_grad`.
     values[:, t] estimates the return from the state after token t, the state in
     which token t+1 is chosen; that lines up with logprobs[:, t].
 
@@ -66,12 +68,11 @@ def forward_policy(
     else:
         logits = out.logits
     scaled = logits / temperature if temperature > 0 and temperature != 1.0 else logits
-    picked = logprobs_from_logits(scaled, input_ids[:, keep + 1])
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logits(scaled if entropy_grad else scaled.detach())
+    picked, entropy = logprobs_and_entropy(scaled, input_ids[:, keep + 1], with_entropy, entropy_grad)
     shape = (input_ids.shape[0], input_ids.shape[1] - 1)
     logprobs = picked.new_zeros(shape).index_copy(1, keep, picked)
-    entropy = entropy.new_zeros(shape).index_copy(1, keep, entropy)
+    if entropy is not None:
+        entropy = entropy.new_zeros(shape).index_copy(1, keep, entropy)
     values = value_head(out.hidden_states[-1][:, :-1]) if value_head is not None else None
     return logprobs, entropy, values
 

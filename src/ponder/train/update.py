@@ -104,7 +104,7 @@ def _micro_batch_loss(trainer: RLTrainer, part: TokenBatch, denominator: float) 
     mask = part.loss_mask
     logprobs, entropy, values = forward_policy(
         trainer.policy.model, part.input_ids, part.attention_mask, temperature, trainer.value_head, mask,
-        entropy_grad=algo.entropy_coef > 0,
+        with_entropy=True, entropy_grad=algo.entropy_coef > 0,
     )  # fmt: skip
     per_token, metrics = policy_loss(algo.loss, logprobs, part.old_logprobs, part.advantages, mask, loss_cfg)
     loss = aggregate(algo.aggregation, per_token, mask, loss_cfg, denominator)
