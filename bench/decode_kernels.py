@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.roofline import best_time  # noqa: E402
+from ponder.models.cpu_matmul import best_time, onednn_linear, pack  # noqa: E402
 
 
 def shapes(config) -> dict[str, tuple[int, int, int]]:
@@ -72,9 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             weights = [torch.randn(rows, cols) for _ in range(count)]
             x = torch.randn(batch, cols)
             plain = best_time(lambda: [F.linear(x, w) for w in weights], args.reps)
-            packed = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
-            blocked = best_time(lambda: [torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed],
-                                args.reps)
+            packed = [pack(w) for w in weights]
+            blocked = best_time(lambda: [onednn_linear(x, p) for p in packed], args.reps)
             gigabytes = rows * cols * 4 * count / 1e9
             totals[0] += plain
             totals[1] += blocked

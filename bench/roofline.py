@@ -38,20 +38,10 @@ import torch  # noqa: E402
 
 from bench.common import machine_info  # noqa: E402
 from ponder.models import cpu_matmul  # noqa: E402
+from ponder.models.cpu_matmul import best_time  # noqa: E402
 from ponder.rollout.hf import DECODERS  # noqa: E402
 
 STORY_PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
-
-
-def best_time(fn: Callable[[], Any], reps: int) -> float:
-    """Fastest of `reps` timed calls after one untimed warm-up call."""
-    fn()
-    times = []
-    for _ in range(reps):
-        tick = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - tick)
-    return min(times)
 
 
 def matmul_flops(n: int, reps: int) -> dict[str, float]:
@@ -63,7 +53,7 @@ def matmul_flops(n: int, reps: int) -> dict[str, float]:
     flops = {"blas": 2.0 * n**3 / best_time(lambda: torch.mm(a, b, out=out), reps)}
     if cpu_matmul.onednn_usable(a):
         bt = b.t()  # a @ b as a linear layer: weight = bᵀ
-        flops["onednn"] = 2.0 * n**3 / best_time(lambda: torch.ops.mkldnn._linear_pointwise(a, bt, None, "none", [], ""), reps)
+        flops["onednn"] = 2.0 * n**3 / best_time(lambda: cpu_matmul.onednn_linear(a, bt), reps)
     return flops
 
 

@@ -42,7 +42,7 @@ def test_packing_is_forced_or_measured_once_per_shape(monkeypatch):
     weight = torch.randn(64, 32)
     packed = cpu_matmul.pack(weight)
     x = torch.randn(8, 32)
-    assert torch.allclose(cpu_matmul.packed_linear(x, packed, None), x @ weight.t(), atol=1e-5)
+    assert torch.allclose(cpu_matmul.onednn_linear(x, packed, None), x @ weight.t(), atol=1e-5)
     monkeypatch.setenv(cpu_matmul.ENV_VAR, "onednn")
     assert cpu_matmul.packing_wins(weight, packed) is True
     monkeypatch.setenv(cpu_matmul.ENV_VAR, "blas")

@@ -57,7 +57,7 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]ᵀ (+ bias [out]) -> [..., out], by the faster library."""
     if onednn_usable(x, weight) and _prefer_onednn(x.numel() // max(x.shape[-1], 1)):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
@@ -74,17 +74,18 @@ def _onednn_faster(rows: int) -> bool:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, _PROBE_SIZE, generator=generator)
     weight = torch.randn(_PROBE_SIZE, _PROBE_SIZE, generator=generator)
-    onednn = best_time(lambda: torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], ""))
+    onednn = best_time(lambda: onednn_linear(x, weight))
     return onednn < best_time(lambda: F.linear(x, weight))
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The weight in oneDNN's blocked layout (for `packed_linear`)."""
+    """The weight in oneDNN's blocked layout (for `onednn_linear`)."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_BATCH_HINT)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weightᵀ + bias on oneDNN; `weight` plain (any strides) or from `pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def packing_wins(weight: torch.Tensor, packed: torch.Tensor) -> bool:
@@ -96,7 +97,7 @@ def packing_wins(weight: torch.Tensor, packed: torch.Tensor) -> bool:
     shape = tuple(weight.shape)
     if shape not in _PACKING_VERDICTS:
         inputs = [torch.randn(rows, weight.shape[1]) for rows in _DECODE_ROWS]
-        blocked = sum(best_time(lambda x=x: packed_linear(x, packed, None)) for x in inputs)
+        blocked = sum(best_time(lambda x=x: onednn_linear(x, packed)) for x in inputs)
         _PACKING_VERDICTS[shape] = blocked < sum(best_time(lambda x=x: linear(x, weight)) for x in inputs)
     return _PACKING_VERDICTS[shape]
 

@@ -197,5 +197,5 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            return cpu_matmul.packed_linear(x, self.weight, self.bias)
+            return cpu_matmul.onednn_linear(x, self.weight, self.bias)
         return cpu_matmul.linear(x, self.weight, self.bias)
