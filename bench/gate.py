@@ -25,7 +25,7 @@ matching loss_type (common.LOSS_TYPES). The gate runs twice:
    (float64) one as TRL's own float32 gradient is, or within the tolerance. On the
    30-layer SmolLM2 each library's float32 rounding alone moves the gradient by
    ~1e-5 (TRL's measured 0.8-1.5e-5 from its float64 result), so the direct float32
-   difference between the two systems, also reported, can pass 1e-5 without any
+   difference between the two systems, also reported, can exceed 1e-5 without any
    difference in what they compute.
 """
 

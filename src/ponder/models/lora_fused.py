@@ -6,12 +6,12 @@ output in each direction. `LoraLinearFunction` computes the same thing with the 
 and the sum folded into one matrix product (`addmm_`) and a hand-written backward,
 so the update step runs the same matrix products and none of those elementwise
 passes. `FusedLoraLinear` uses it where it is exact: one active plain adapter, no
-dropout, no LoRA bias, unmerged, adapters enabled, frozen base weights; anything
-else (and the reference pass, adapters disabled) goes through PEFT's own forward.
-Both run their frozen products (x Wᵀ forward, g W backward) through
-`cpu_matmul.linear`, oneDNN or MKL, whichever measured faster on this CPU; so do the
-reference pass (adapters disabled) and every other frozen linear layer (the LM head),
-through `FrozenLinear`.
+dropout, no LoRA bias, unmerged, adapters enabled, frozen base weights; with
+adapters disabled (the reference pass) it runs the base layer alone, as PEFT does;
+anything else goes through PEFT's own forward. The frozen products (x Wᵀ forward,
+g W backward) go through `cpu_matmul.linear`, oneDNN or MKL, whichever measured
+faster on this CPU, here and in every other frozen linear layer (the base layers, the
+LM head: `FrozenLinear`).
 This module imports PEFT; `apply_lora` imports it on first use.
 """
 
