@@ -320,7 +320,8 @@ def _trl_inputs(batch: Any, advantages: torch.Tensor, pad_id: int) -> dict[str, 
         )
         fields["positions"].append(list(range(prompt - 1, total - 1)) + [-1] * (width_c - size))
     floats = ("old_per_token_logps", "ref_per_token_logps")
-    inputs = {k: torch.tensor(v, dtype=batch.old_logprobs.dtype if k in floats else None) for k, v in fields.items()}
+    dtype = batch.old_logprobs.dtype  # float64 in the gate's float64 run
+    inputs = {k: torch.tensor(v, dtype=dtype if k in floats else None) for k, v in fields.items()}
     inputs["advantages"] = advantages.clone()
     inputs["num_items_in_batch"] = batch.loss_mask.sum()
     return inputs

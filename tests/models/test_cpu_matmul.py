@@ -14,7 +14,7 @@ def test_linear_hand_computed(kernel, monkeypatch):
     x = torch.tensor([[1.0, 2.0]])
     weight = torch.tensor([[1.0, 0.0], [2.0, 1.0], [0.0, 3.0]])
     assert cpu_matmul.linear(x, weight, torch.tensor([1.0, 0.0, -1.0])).tolist() == [[2.0, 4.0, 5.0]]
-    # a transposed view as the weight: x @ (Wᵀ)ᵀ ... i.e. [1, 2, 3] @ W = [5, 11]
+    # Wᵀ (a transposed view) as the weight: [1, 2, 3] @ W = [5, 11]
     assert cpu_matmul.linear(torch.tensor([[1.0, 2.0, 3.0]]), weight.t()).tolist() == [[5.0, 11.0]]
 
 
@@ -70,7 +70,8 @@ def test_frozen_linear_only_while_frozen():
     assert fuse_lora_linears(layer) == 0 and type(layer) is FrozenLinear
     x = torch.randn(2, 4)
     out = layer(x)
-    assert out.grad_fn is not None and "FrozenLinear" not in type(out.grad_fn).__name__  # trainable: torch's own
+    # trainable: torch's own path
+    assert out.grad_fn is not None and "FrozenLinear" not in type(out.grad_fn).__name__
     out.sum().backward()
     assert layer.weight.grad is not None  # a trainable weight still gets its gradient
     layer.requires_grad_(False)

@@ -105,7 +105,8 @@ class FusedLoraLinear(Linear):
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         base = self.base_layer
-        if self.disable_adapters and not self.merged and not args and not kwargs and isinstance(base, torch.nn.Linear):
+        plain_call = not args and not kwargs and isinstance(base, torch.nn.Linear)
+        if self.disable_adapters and not self.merged and plain_call:
             return base(x)  # PEFT's forward does the same; base is a FrozenLinear when frozen
         name = self._fusable_adapter(x, args, kwargs)
         if name is None:

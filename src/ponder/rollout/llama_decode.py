@@ -191,7 +191,8 @@ class _Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.bias = bias
-        packed = cpu_matmul.pack(weight) if cpu_matmul.onednn_usable(weight) and cpu_matmul.kernel_choice() != "blas" else None
+        can_pack = cpu_matmul.onednn_usable(weight) and cpu_matmul.kernel_choice() != "blas"
+        packed = cpu_matmul.pack(weight) if can_pack else None
         self.packed = packed is not None and cpu_matmul.packing_wins(weight, packed)
         self.weight = packed if self.packed else weight
 
