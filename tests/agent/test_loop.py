@@ -102,3 +102,31 @@ def test_bad_config_fails_with_one_line():
         AgentConfig(tools={"add": {"retries": -1}})
     with pytest.raises(AgentConfigError, match="unknown key 'tools.add.retry'"):
         AgentConfig(tools={"add": {"retry": 1}})
+
+
+def test_an_answer_cut_off_at_the_token_cap_stops_with_length(tokenizer):
+    agent, _ = scripted_agent(tokenizer, ["The answer is a long story about " + "owls " * 40],
+                              max_new_tokens_per_turn=8)
+    state = agent.run("Tell me about owls", key="t1")
+    assert (state.status, state.stop_reason, state.answer) == (STOPPED, "length", None)
+    assert state.error.startswith("the reply was cut off at 8 new tokens (max_new_tokens_per_turn)")
+    assert state.counters.generated_tokens == 8
+    assert state.messages[-1]["role"] == "assistant"  # the partial reply stays in the transcript
+    result = state.result()  # what `ponder run-agent` prints
+    assert (result["status"], result["stop_reason"]) == ("stopped", "length")
+
+
+def test_the_run_budget_cutting_an_answer_is_named(tokenizer):
+    turns = [call("lookup", query="owls"), "Owls are " + "very " * 40 + "quiet."]
+    agent, _ = scripted_agent(tokenizer, turns, max_new_tokens_per_turn=64, max_generated_tokens=70)
+    state = agent.run("Tell me about owls", key="t1")
+    assert (state.status, state.stop_reason) == (STOPPED, "length")
+    assert "(max_generated_tokens)" in state.error and state.counters.generated_tokens == 70
+
+
+def test_an_answer_ending_at_the_cap_exactly_is_still_an_answer(tokenizer):
+    answer = "Owls hoot."
+    size = len(tokenizer.encode(answer, add_special_tokens=False)) + 1  # the end-of-turn token
+    agent, _ = scripted_agent(tokenizer, [answer], max_new_tokens_per_turn=size)
+    state = agent.run("q", key="t1")
+    assert (state.status, state.stop_reason, state.answer) == (ANSWERED, "answer", answer)

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
 CHAT_HELP = "commands: /tools, /reset, /save FILE, /load FILE, /help, /quit"
+CHAT_COMMANDS = """\
+/tools       list the agent's tools
+/reset       start a new conversation
+/save FILE   save the conversation as JSON
+/load FILE   continue a saved conversation (or a `run-agent --save-state` file)
+/help        show this list
+/quit        leave (also /exit, Ctrl-D, or Ctrl-C at the prompt)
+Ctrl-C while the agent replies stops that reply; the conversation is kept.
+"""
 
 
 def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,24 +130,75 @@ class ChatPrinter:
 def cmd_chat(args: argparse.Namespace) -> int:
     printer = ChatPrinter(sys.stdout)
     agent = build_agent(args, on_event=printer)
-    return chat_loop(agent, sys.stdin, sys.stdout)
+    if sys.stdin.isatty():
+        save_history = enable_line_editing(history_path())
+        try:
+            return chat_loop(agent, input, sys.stdout)
+        finally:
+            save_history()
+    return chat_loop(agent, stream_reader(sys.stdin), sys.stdout)
 
 
-def chat_loop(agent: Any, source: TextIO, out: TextIO) -> int:
-    """Read messages and commands line by line from `source` until EOF or /quit."""
+def history_path() -> Path:
+    """Where chat history lives: $XDG_CACHE_HOME/ponder/chat_history (~/.cache by default)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "ponder" / "chat_history"
+
+
+def enable_line_editing(path: Path | None) -> Callable[[], None]:
+    """Arrow keys, editing and history for `input()` through the standard `readline`
+    module, which is missing on some builds (Windows, some minimal Pythons): then chat
+    still works without editing. Returns a function that saves the history to `path`;
+    history is a convenience, so an unreadable or unwritable file is silently skipped."""
+    try:
+        import readline
+    except ImportError:
+        return lambda: None
+    readline.set_history_length(1000)
+    if path is not None:
+        try:
+            readline.read_history_file(str(path))
+        except OSError:  # no history yet, or not readable
+            pass
+
+    def save() -> None:
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(str(path))
+        except OSError:
+            pass
+
+    return save
+
+
+def stream_reader(source: TextIO) -> Callable[[str], str]:
+    """`input()`'s contract over a stream (piped chat): a line without its newline, EOFError at the end."""
+
+    def read(prompt: str) -> str:
+        line = source.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    return read
+
+
+def chat_loop(agent: Any, read_line: Callable[[str], str], out: TextIO, prompt: str = "> ") -> int:
+    """Read messages and commands with `read_line(prompt)` (`input`, or `stream_reader`)
+    until EOF, Ctrl-C at the prompt, or /quit. Ctrl-C during a reply stops that reply
+    only: the conversation so far is kept and the next prompt follows."""
     from ponder.agent import StateError
 
     state = None
-    interactive = source.isatty()
     out.write(f"ponder chat with {agent.policy.name}; {CHAT_HELP}\n")
     while True:
-        if interactive:
-            out.write("> ")
-            out.flush()
-        line = source.readline()
-        if not line:
+        try:
+            line = read_line(prompt).strip()
+        except (EOFError, KeyboardInterrupt):
+            out.write("\n")
             return 0
-        line = line.strip()
         if not line:
             continue
         if line.startswith("/"):
@@ -150,7 +211,17 @@ def chat_loop(agent: Any, source: TextIO, out: TextIO) -> int:
                 return 0
             continue
         state = agent.start(line) if state is None else agent.follow_up(state, line)
+        _reply(agent, state, out)
+
+
+def _reply(agent: Any, state: Any, out: TextIO) -> None:
+    """Run the agent until it answers or stops; Ctrl-C ends this reply, not the chat."""
+    try:
         agent.run(state)
+    except KeyboardInterrupt:
+        out.write("\n")
+        agent.interrupt(state)
+    out.flush()
 
 
 def _command(agent: Any, state: Any, line: str, out: TextIO) -> tuple[Any, bool]:
@@ -180,7 +251,9 @@ def _command(agent: Any, state: Any, line: str, out: TextIO) -> tuple[Any, bool]
         state = AgentState.load(argument)
         out.write(f"loaded {len(state.messages)} messages from {argument}\n")
         if not state.finished:
-            agent.run(state)
+            _reply(agent, state, out)
+    elif name == "/help":
+        out.write(CHAT_COMMANDS)
     else:
         out.write(f"unknown command {name}; {CHAT_HELP}\n")
     return state, False

@@ -6,7 +6,8 @@ resumed, in this process or another. Tool calls go through `run_tool_step`, the
 parse → validate → call → observe step rollouts use, with a `ToolRunner` adding
 retries, backoff and fallbacks. Nothing the model or a tool does raises out of the
 loop: parse errors and tool failures become observations, limits end the run with
-`stopped`, a failing model ends it with `error`, and the transcript is kept.
+`stopped` (an answer cut off at the token cap: stop reason `length`), a failing model
+ends it with `error`, and the transcript is kept.
 """
 
 from __future__ import annotations
@@ -169,9 +170,28 @@ class Agent:
                                 tool_calls=list(parsed.calls), n_action_tokens=completion.completion_tokens,
                                 offered_tools=offered))
         self._emit("action", action)
+        if parsed.answer is not None and completion.finish_reason == "length":
+            # Plain text cut off at the token cap parses as an answer, but it is only the
+            # start of one: report the cut-off, not a finished answer.
+            per_turn = budget == config.max_new_tokens_per_turn
+            cap = "max_new_tokens_per_turn" if per_turn else "max_generated_tokens"
+            message = (f"the reply was cut off at {completion.completion_tokens} new tokens ({cap}); "
+                       "the partial reply is the last assistant message")
+            return self._finish(state, STOPPED, "length", message)
         state.pending_action = action
         state.pending_calls = list(parsed.calls)
         state.phase = "answering" if parsed.answer is not None else "calling_tools"
+
+    def interrupt(self, state: AgentState) -> AgentState:
+        """End a run the user stopped (Ctrl-C in `ponder chat`) as `stopped` / `interrupted`.
+
+        A KeyboardInterrupt leaves the state at its last step boundary (each handler
+        changes the state only after the model or tool returned), so the transcript so
+        far stays whole and `follow_up` can continue the conversation."""
+        if not state.finished:
+            self._clear_pending(state)
+            self._finish(state, STOPPED, "interrupted", None)
+        return state
 
     def retrieve_tools(self, state: AgentState) -> list[str]:
         """The `retrieve_tools` step: with a tool retriever, rank the registered tools for

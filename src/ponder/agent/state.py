@@ -4,6 +4,7 @@ Phases of the state machine (see `ponder.agent.loop`):
   generating ──action with calls or a parse error──▶ calling_tools ──▶ observing ──▶ generating
   generating ──action with a final answer──▶ answering ──valid──▶ done (answered)
                                                     └──invalid, corrections left──▶ generating
+  generating ──answer text cut off at the token cap──▶ done (stopped, stop_reason "length")
   any phase ──a limit reached──▶ done (stopped) · model failure ──▶ done (error)
 
 Everything a later step reads lives here: the transcript, the pending action and its

@@ -19,13 +19,17 @@ Shares carry 95% Wilson intervals.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ponder.eval.passk import pass_at_k_with_ci, wilson_interval
+from ponder.fileio import write_text_atomic
 from ponder.rewards.qa import exact_match_score, f1_score
 
 
@@ -148,6 +152,30 @@ def write_report(conditions: dict[str, dict[str, Any]], samples: dict[str, list[
     out.mkdir(parents=True, exist_ok=True)
     data = {"header": header, "metrics": conditions,
             "samples": {name: [asdict(s) for s in group] for name, group in samples.items()}}
-    (out / "results.json").write_text(json.dumps(data, indent=1, default=str))
-    (out / "results.md").write_text(f"{header}\n\n{markdown_table(conditions, ks)}\n")
+    write_text_atomic(out / "results.json", json.dumps(data, indent=1, default=str))
+    write_text_atomic(out / "results.md", f"{header}\n\n{markdown_table(conditions, ks)}\n")
     return [out / "results.json", out / "results.md", plot_success(conditions, out / "success.png")]
+
+
+PARTIAL_SAMPLES = "samples.partial.jsonl"
+SAMPLES = "samples.jsonl"
+
+
+@contextlib.contextmanager
+def sample_log(out: Path, say: Callable[[str], None] = lambda _: None) -> Iterator[Path]:
+    """The file a run appends its scored samples to as it goes: `out/samples.partial.jsonl`.
+
+    A run starts fresh: a partial file left by an earlier run that did not finish is
+    removed, and `say` tells the user so, rather than appended to, since its samples may
+    come from another model or other settings and would be counted again on a rerun
+    (bench-agent has no resume). When the run completes, the file is renamed in one
+    atomic step to `out/samples.jsonl`, so no partial file is left behind; a run that
+    fails or is interrupted leaves its partial file for inspection until the next run.
+    """
+    partial = out / PARTIAL_SAMPLES
+    if partial.exists():
+        partial.unlink()
+        say(f"removed {partial}, left by an earlier run that did not finish (a new run starts fresh)")
+    yield partial
+    if partial.exists():
+        os.replace(partial, out / SAMPLES)

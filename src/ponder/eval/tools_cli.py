@@ -194,7 +194,9 @@ def register(commands: Any) -> None:
 
 
 def cmd_bench_agent(args: argparse.Namespace) -> int:
-    from ponder.eval.bench_agent import grouped_metrics, markdown_table, write_report
+    """Run the suite, print the table, write the report; samples are logged as they are
+    scored and a rerun starts fresh (see `ponder.eval.bench_agent.sample_log`)."""
+    from ponder.eval.bench_agent import grouped_metrics, markdown_table, sample_log, write_report
     from ponder.eval.bfcl.adapter import BfclRunConfig
     from ponder.eval.bfcl.suite import run_bfcl_suite, to_agent_sample
 
@@ -205,15 +207,20 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
     if args.samples > 1 and args.temperature <= 0:
         raise ValueError("--samples > 1 needs --temperature > 0 (greedy replies are all the same)")
     options = {"temperature": args.temperature, "seed": args.seed}
-    results, header = run_bfcl_suite(args.model, config, args.retrieval_topk, args.retriever, args.encoder,
-                                     args.bfcl_venv, options, say=lambda line: print(line, file=sys.stderr, flush=True),
-                                     checkpoint=Path(args.out) / "samples.partial.jsonl")
-    ks = tuple(sorted({1, args.samples}))
-    samples = {name: [to_agent_sample(s) for s in group] for name, group in results.items()}
-    conditions = {name: grouped_metrics(group, ks) for name, group in samples.items()}
-    print(markdown_table(conditions, ks))
-    for path in write_report(conditions, samples, Path(args.out), ks, header):
-        print(f"wrote {path}", file=sys.stderr)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    out = Path(args.out)
+    with sample_log(out, say) as log:
+        results, header = run_bfcl_suite(args.model, config, args.retrieval_topk, args.retriever,
+                                         args.encoder, args.bfcl_venv, options, say=say, checkpoint=log)
+        ks = tuple(sorted({1, args.samples}))
+        samples = {name: [to_agent_sample(s) for s in group] for name, group in results.items()}
+        conditions = {name: grouped_metrics(group, ks) for name, group in samples.items()}
+        print(markdown_table(conditions, ks))
+        for path in write_report(conditions, samples, out, ks, header):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -236,5 +243,7 @@ def register_bench(commands: Any) -> None:
                                          "hybrid uses the fusion in its fusion.json when there is one")
     bench.add_argument("--batch-size", type=int, default=8, help="questions per batched generation (local models)")
     bench.add_argument("--bfcl-venv", default=".venv-bfcl")
-    bench.add_argument("--out", default="runs/bench-agent", help="writes results.json, results.md, success.png")
+    bench.add_argument("--out", default="runs/bench-agent",
+                       help="writes results.json, results.md, success.png and samples.jsonl "
+                            "(samples.partial.jsonl while it runs; a new run starts fresh)")
     bench.set_defaults(handler=cmd_bench_agent)
