@@ -2,6 +2,7 @@
 
 Bad input (recipe keys, model paths, corpus or task files) prints one line naming
 the problem and exits with code 2. Set PONDER_DEBUG=1 to see the traceback instead.
+`key=value` recipe overrides may stand anywhere on the command line.
 """
 
 from __future__ import annotations
@@ -13,39 +14,42 @@ from pathlib import Path
 from typing import Any
 
 EXIT_BAD_INPUT = 2
+MODEL_HELP = ("smollm2-135m (embedded), tiny, a local HF model dir, a ponder run / stage / checkpoint dir, "
+              "or a hub id (downloads when the network allows)")
 
 
 def _quiet_libraries() -> None:
+    """No per-load progress bars or deprecation notices from the libraries underneath:
+    ponder shows its own progress. Nothing here stops a hub id from downloading."""
+    import warnings
+
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ponder.config import load_recipe
     from ponder.eval import evaluate, metrics_table, save_result
+    from ponder.train.progress import item_progress
+
+    from ponder.rundir import claim_run_dir
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.model:
         recipe.model.name = args.model
     if args.episodes is not None:
         recipe.eval.episodes = args.episodes
-    out = Path(args.out or recipe.eval.out)
+    out = claim_run_dir(args.out or recipe.eval.out, args.overwrite)
     console = Console(stderr=True)
     console.print(f"[bold]ponder eval[/] model={recipe.model.name} recipe={args.recipe or 'defaults'}")
-    columns = (TextColumn("episodes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        bar = progress.add_task("episodes", total=None)
-        result = evaluate(
-            recipe,
-            on_episode_done=lambda _: progress.advance(bar),
-            on_ready=lambda n: progress.update(bar, total=n),
-        )
+    with item_progress("episodes", recipe.eval.episodes * recipe.rollout.group_size) as advance:
+        result = evaluate(recipe, on_episode_done=advance)
     save_result(result, recipe, out)
-    Console(width=None if sys.stdout.isatty() else 120).print(metrics_table(result.metrics, title=f"{recipe.model.name} on {len(result.tasks)} held-out tasks"))
+    _console().print(metrics_table(result.metrics, title=f"{recipe.model.name} on {len(result.tasks)} held-out tasks"))
     console.print(f"wrote {out / 'trajectories.parquet'} and {out / 'metrics.json'}")
     return 0
 
@@ -92,25 +96,29 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from ponder.config import load_recipe, to_dict
     from ponder.fileio import write_text_atomic
-    from ponder.train.progress import training_progress
+    from ponder.models.adapters import MANIFEST, load_adapter_weights
+    from ponder.rundir import claim_run_dir, require_run_dir
+    from ponder.train.progress import item_progress, training_progress
     from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
     from ponder.train.sft import warm_up
 
+    overrides = args.overrides + ([f"model.name={args.model}"] if args.model else [])
     if args.resume:
-        run_dir = Path(args.resume)
-        recipe = load_recipe(run_dir / "recipe.yaml", args.overrides)
+        run_dir = require_run_dir(args.resume, ("checkpoints/latest", f"sft/{MANIFEST}"),
+                                  "a run with --recipe RECIPE --out DIR")  # fmt: skip
+        recipe = load_recipe(run_dir / "recipe.yaml", overrides)
     else:
-        recipe = load_recipe(args.recipe, args.overrides)
-        run_dir = Path(args.out or recipe.train.out)
+        recipe = load_recipe(args.recipe, overrides)
     check_recipe(recipe)
-    policy = None
+    policy = prepare_policy(recipe)  # bad names and model paths fail before anything is written
     if not args.resume:
-        policy = prepare_policy(recipe)  # bad names and model paths fail before anything is written
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
         write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
-        if recipe.sft.steps > 0:  # warm-up first; a resumed run restores its weights instead
-            print(f"ponder train: SFT warm-up, {recipe.sft.steps} steps")
-            warm_up(recipe, policy, run_dir / "sft")
+        if recipe.sft.steps > 0:
+            with item_progress("SFT steps", recipe.sft.steps) as advance:
+                warm_up(recipe, policy, run_dir / "sft", advance)
+    elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
+        load_adapter_weights(policy.model, run_dir / "sft")
     trainer = RLTrainer(recipe, run_dir, policy=policy)
     start = trainer.resume() if args.resume else 0
     print(f"ponder train: {recipe.algo.advantage}/{recipe.algo.loss} from step {start} to {recipe.train.steps} in {run_dir}")
@@ -136,11 +144,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ponder.train.demo import run_demo
     from ponder.train.report import demo_table
 
+    from ponder.rundir import claim_run_dir
+
     recipe = load_recipe(args.recipe, (QUICK_DEMO if args.quick else []) + args.overrides)
-    out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
+    out = claim_run_dir(args.out or ("runs/demo-quick" if args.quick else "runs/demo"), args.overwrite)
     console = Console(stderr=True)
     results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from)
-    Console(width=None if sys.stdout.isatty() else 120).print(demo_table(results))
+    _console().print(demo_table(results))
     console.print(f"wrote {out / 'results.json'} and plots in {out / 'rl' / 'plots'}")
     return 0
 
@@ -151,10 +161,16 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from ponder.config import PipelineRecipe, load_recipe
     from ponder.train.pipeline import run_pipeline, stage_table_markdown
 
+    from ponder.rundir import claim_run_dir, require_run_dir
+
     recipe = load_recipe(args.recipe, args.overrides, cls=PipelineRecipe)
-    out = Path(args.out or recipe.pipeline.out)
+    out = args.out or recipe.pipeline.out
+    if args.resume:
+        require_run_dir(out, ("recipe.yaml",), f"it without --resume: ponder pipeline run {args.recipe} --out {out}")
+    else:
+        claim_run_dir(out, args.overwrite, can_resume=True)
     console = Console(stderr=True)
-    stages = run_pipeline(recipe, out, say=console.print)
+    stages = run_pipeline(recipe, Path(out), say=console.print)
     print(stage_table_markdown(stages), end="")
     console.print(f"wrote {out / 'results.json'} and one directory per stage in {out}")
     return 0
@@ -164,11 +180,38 @@ def _add_pipeline_command(commands: Any) -> None:
     """`pipeline run RECIPE`."""
     pipeline = commands.add_parser("pipeline", help="staged training: warmup, SFT, DPO or RL, evaluation")
     actions = pipeline.add_subparsers(dest="action", metavar="ACTION", required=True)
-    run = actions.add_parser("run", help="run (or resume) every stage of a pipeline recipe")
+    run = actions.add_parser("run", help="run (or, with --resume, continue) every stage of a pipeline recipe")
     run.add_argument("recipe", metavar="RECIPE", help="YAML recipe, e.g. recipes/pipeline_search_qa.yaml")
     run.add_argument("--out", help="run directory (default: the recipe's pipeline.out)")
+    _add_reuse_flags(run, resume="continue the run in --out: finished stages are skipped, an interrupted one resumes")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     run.set_defaults(handler=cmd_pipeline)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ponder.models.adapters import export_trained
+
+    out = export_trained(args.run_dir, args.out, merge=args.merge)
+    kind = "a Hugging Face model (merged)" if args.merge else "a PEFT adapter (or a full model, if fully fine-tuned)"
+    print(f"wrote {kind} to {out}")
+    return 0
+
+
+def _add_export_command(commands: Any) -> None:
+    export = commands.add_parser(
+        "export", help="write a run's trained model as a standalone Hugging Face model (--merge) or PEFT adapter"
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a ponder run, stage or checkpoint directory")
+    export.add_argument("--out", required=True, help="new directory to write (must not exist or be empty)")
+    export.add_argument("--merge", action="store_true",
+                        help="fold the adapters into the base weights: loads with AutoModelForCausalLM alone")
+    export.set_defaults(handler=cmd_export)
+
+
+def _add_reuse_flags(parser: argparse.ArgumentParser, resume: str) -> None:
+    flags = parser.add_mutually_exclusive_group()
+    flags.add_argument("--resume", action="store_true", help=resume)
+    flags.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
 
 
 def cmd_gain(args: argparse.Namespace) -> int:
@@ -181,7 +224,7 @@ def cmd_gain(args: argparse.Namespace) -> int:
         table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after)
     else:
         table = gain_table(pairs, args.before, args.after)
-    Console(width=None if sys.stdout.isatty() else 140).print(table)
+    _console().print(table)
     return 0
 
 
@@ -192,6 +235,8 @@ def _add_training_commands(commands: Any) -> None:
     source.add_argument("--recipe", help="YAML recipe, e.g. recipes/search_qa_grpo.yaml")
     source.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     train.add_argument("--out", help="run directory (default: the recipe's train.out)")
+    train.add_argument("--model", help=MODEL_HELP + " to start from")
+    train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     train.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     train.set_defaults(handler=cmd_train)
 
@@ -203,6 +248,7 @@ def _add_training_commands(commands: Any) -> None:
     demo.add_argument("--recipe", default="recipes/demo.yaml", help="demo recipe (default: recipes/demo.yaml)")
     demo.add_argument("--quick", action="store_true", help="a small smoke run: " + " ".join(QUICK_DEMO))
     demo.add_argument("--out", help="output directory (default: runs/demo or runs/demo-quick)")
+    demo.add_argument("--overwrite", action="store_true", help="replace the demo already in --out")
     demo.add_argument(
         "--sft-from",
         metavar="RUN_DIR",
@@ -227,16 +273,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ponder",
         description="Train LLM agents that think, search and call tools, and run them.",
-        epilog="Recipes are YAML files (see recipes/); any key can be overridden as key=value, "
-        "e.g. rollout.sampling.temperature=0.7.",
+        epilog="Recipes are YAML files (see recipes/; shipped ones are found from any directory); any key "
+        "can be overridden as key=value anywhere on the line, e.g. rollout.sampling.temperature=0.7. "
+        "Errors print one line; PONDER_DEBUG=1 ponder ... shows the traceback.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = commands.add_parser("eval", help="evaluate a policy on held-out search-QA tasks; writes Parquet + JSON")
     run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
-    run.add_argument("--model", help="smollm2-135m (embedded), tiny, a local HF model dir, or a hub id")
+    run.add_argument("--model", help=MODEL_HELP)
     run.add_argument("--episodes", type=int, help="number of held-out tasks to run")
     run.add_argument("--out", help="output directory (default: the recipe's eval.out)")
+    run.add_argument("--overwrite", action="store_true", help="replace an evaluation already in --out")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     run.set_defaults(handler=cmd_eval)
 
@@ -251,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_training_commands(commands)
     _add_pipeline_command(commands)
+    _add_export_command(commands)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
     gen.add_argument("--out", required=True, help="output directory")
@@ -267,9 +316,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _console() -> Any:
+    """Tables on stdout: the terminal's width, or 80 columns when piped."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 80)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; `key=value` overrides are collected wherever they stand
+    (argparse alone takes them only before the first option)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [token for token in extra if "=" in token and not token.startswith("-")]
+    unknown = [token for token in extra if token not in overrides]
+    if unknown or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"{args.command}: unrecognized arguments: {' '.join(unknown or overrides)}")
+    if overrides:
+        args.overrides = list(args.overrides) + overrides
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_libraries()
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.handler(args)
     except (ValueError, OSError) as err:  # every ponder input error is a ValueError subclass

@@ -569,11 +569,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "o
     return data
 
 
+def packaged_recipes() -> Path:
+    """The directory of recipes shipped inside the package (`recipes/` in the repository)."""
+    return Path(__file__).resolve().parent / "recipes"
+
+
+def resolve_recipe_path(path: str | Path) -> Path:
+    """`path` when it exists; else, for a relative path, the packaged recipe of that name."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts[:1] == ("recipes",) else path.parts
+    shipped = packaged_recipes().joinpath(*parts) if parts else None
+    return shipped if shipped is not None and shipped.is_file() else path
+
+
 def load_recipe(path: str | Path | None, overrides: list[str] | None = None, cls: type[T] = Recipe) -> T:  # type: ignore[assignment]
-    """Load a YAML recipe into `cls`, apply overrides, validate every key."""
+    """Load a YAML recipe into `cls`, apply overrides, validate every key.
+
+    A relative path that does not exist from the working directory is looked up
+    among the recipes shipped with ponder (`recipes/demo.yaml` or `demo.yaml`)."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path:
+        path = resolve_recipe_path(path)
         source = str(path)
         try:
             text = Path(path).read_text()

@@ -12,7 +12,8 @@ from ponder.eval import EvalInputError, evaluate, held_out_recipe
 from ponder.eval.gain import (
     StagePair, load_stage_pair, paired_gain, runs_table, search_split, searches_by_kind, stage_gain,
 )
-from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
+from ponder.models.adapters import saved_weights
+from ponder.train.checkpoint import latest_checkpoint
 from ponder.train.demo import run_demo
 from ponder.train.report import demo_table
 from ponder.train.rl import prepare_policy
@@ -55,8 +56,9 @@ def test_demo_writes_every_stage_and_the_sft_weights(first):
     assert set(results["stages"]) == {"oracle", "base", "sft", "rl"}
     assert results["stages"]["oracle"]["em"] == 1.0
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
-    weights = torch.load(out / "sft" / "weights.pt")
+    weights = saved_weights(out / "sft")  # PEFT's layout: adapter_config.json + adapter_model.safetensors
     assert weights and all("lora_" in name for name in weights)
+    assert (out / "sft" / "adapter_config.json").is_file()
     for stage in ("oracle", "base", "sft", "rl"):
         assert (out / f"eval-{stage}.parquet").is_file()
 
@@ -72,8 +74,8 @@ def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
         assert (tmp_path / "rloo" / f"eval-{stage}.parquet").read_bytes() == (out / f"eval-{stage}.parquet").read_bytes()
     assert "sft" not in again["timing_s"] and "eval:base" not in again["timing_s"]
     # with lr 0 the RL run's weights are exactly the reused SFT weights
-    trained = load_checkpoint(latest_checkpoint(tmp_path / "rloo" / "rl"))["weights"]
-    sft = torch.load(out / "sft" / "weights.pt")
+    trained = saved_weights(latest_checkpoint(tmp_path / "rloo" / "rl"))
+    sft = saved_weights(out / "sft")
     assert trained.keys() == sft.keys()
     assert all(torch.equal(trained[name], sft[name]) for name in sft)
 
@@ -83,7 +85,7 @@ def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
     recipe = load_recipe(None, TINY + ["env.max_turns=4"])
     with pytest.raises(ValueError, match=r"recipe.yaml: section 'env' differs from this recipe"):
         run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
-    with pytest.raises(FileNotFoundError, match=r"weights.pt: missing; --sft-from needs a finished demo run"):
+    with pytest.raises(FileNotFoundError, match=r"ponder.json: missing; --sft-from needs a finished demo run"):
         run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
 
 

@@ -14,6 +14,7 @@ from ponder.data import write_jsonl
 from ponder.data.records import PreferencePair
 from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.models import tiny_policy
+from ponder.models.adapters import saved_weights
 from ponder.rewards.agent import AgentReward
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.tools.retrieval import build_retriever
@@ -67,7 +68,7 @@ def test_pipeline_runs_skips_and_resumes(tmp_path, preference_file):
     assert sft_report["selection"]["kept"] == 2 and sft_report["last"]["sft/replayed"] == 1.0
     assert sft_report["last"]["sft/ewc_penalty"] >= 0.0 and "sft/eval_loss" in sft_report["last"]
     assert "| dpo |" in (tmp_path / "04-eval" / "table.md").read_text()
-    uninterrupted = torch.load(tmp_path / "02-sft" / "weights.pt")
+    uninterrupted = saved_weights(tmp_path / "02-sft")
 
     # Re-run: every stage is skipped.
     said.clear()
@@ -76,14 +77,15 @@ def test_pipeline_runs_skips_and_resumes(tmp_path, preference_file):
 
     # Interrupt the SFT stage after step 1: drop its marker, weights and later stages.
     (tmp_path / "02-sft" / "done.json").unlink()
-    (tmp_path / "02-sft" / "weights.pt").unlink()
+    (tmp_path / "02-sft" / "ponder.json").unlink()
+    (tmp_path / "02-sft" / "adapter_model.safetensors").unlink()
     (tmp_path / "02-sft" / "checkpoints" / "latest").write_text("step-000001\n")
     for later in ("03-dpo", "04-eval"):
         shutil.rmtree(tmp_path / later)
     run_pipeline(recipe, tmp_path, say=said.append)
     resumed = json.loads((tmp_path / "02-sft" / "done.json").read_text())
     assert resumed["resumed_from"] == 1
-    again = torch.load(tmp_path / "02-sft" / "weights.pt")
+    again = saved_weights(tmp_path / "02-sft")
     assert again.keys() == uninterrupted.keys()
     assert all(torch.allclose(again[k], uninterrupted[k], atol=1e-6) for k in again)
 
@@ -134,4 +136,4 @@ def test_rl_stage_trains_with_the_agent_reward(tmp_path):
     assert report == {"resumed_from": 0, "steps": 1, "wall_s": report["wall_s"]}
     logged = json.loads((tmp_path / "00-rl" / "metrics.jsonl").read_text().splitlines()[0])
     assert "reward/mean" in logged or any(key.startswith("reward") for key in logged)
-    assert (tmp_path / "00-rl" / "weights.pt").is_file()
+    assert (tmp_path / "00-rl" / "adapter_model.safetensors").is_file()

@@ -17,6 +17,7 @@ import torch
 
 from ponder.config import ConfigError, load_recipe
 from ponder.envs import build_messages
+from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.train.metrics_log import read_metrics
 from ponder.train.rl import RLTrainer, TrainingError
@@ -223,11 +224,11 @@ def _assert_same_as_straight(run_dir, straight_run):
     for step in (1, 2, 3, 4):
         assert got[step] == expected[step], f"step {step} differs"
     final = load_checkpoint(latest_checkpoint(run_dir))
-    reference = load_checkpoint(latest_checkpoint(straight_run))
     assert final["trainer"]["step"] == 4
-    assert final["weights"].keys() == reference["weights"].keys()
-    for name, tensor in reference["weights"].items():
-        assert torch.equal(final["weights"][name], tensor), name
+    weights, reference = saved_weights(latest_checkpoint(run_dir)), saved_weights(latest_checkpoint(straight_run))
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(weights[name], tensor), name
 
 
 def test_straight_run_updates_weights_and_logs_each_step(straight_run):
@@ -239,7 +240,7 @@ def test_straight_run_updates_weights_and_logs_each_step(straight_run):
     for record in records:
         assert record["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
         assert record["policy/approx_kl"] < 1e-6
-    weights = load_checkpoint(latest_checkpoint(straight_run))["weights"]
+    weights = saved_weights(latest_checkpoint(straight_run))
     assert any("lora_B" in name and float(w.abs().max()) > 0 for name, w in weights.items())
 
 
@@ -326,7 +327,7 @@ def test_nan_reward_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     assert path is not None and path.name == "step-000001"
     state = load_checkpoint(path)
     assert state["trainer"]["step"] == 1
-    assert all(torch.isfinite(w).all() for w in state["weights"].values())
+    assert all(torch.isfinite(w).all() for w in saved_weights(path).values())
     assert RLTrainer(recipe(), tmp_path, reward=low_id_share).resume() == 1
 
 

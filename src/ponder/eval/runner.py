@@ -39,7 +39,8 @@ def evaluate(
     on_ready: Callable[[int], None] | None = None,
     oracle: bool = False,
 ) -> EvalResult:
-    """Run recipe.eval.episodes held-out tasks (group_size samples each) and score them.
+    """Run recipe.eval.episodes held-out tasks (group_size samples each) at
+    eval.temperature (0 = greedy) and score them.
 
     Everything that can fail on bad input (recipe, corpus, tasks, model) is loaded
     before any episode runs. on_ready(n_episodes) is called once loading is done.
@@ -63,7 +64,8 @@ def evaluate(
     backend: GenerationBackend = (
         ScriptedBackend(policy.tokenizer, {t.id: t.oracle_actions for t in tasks})
         if oracle
-        else HFBackend(policy, recipe.rollout.sampling, seed=recipe.rollout.seed)
+        else HFBackend(policy, replace(recipe.rollout.sampling, temperature=recipe.eval.temperature),
+                       seed=recipe.rollout.seed)
     )
     engine = RolloutEngine(backend, factory, recipe.rollout)
     if on_ready is not None:

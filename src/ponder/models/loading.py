@@ -29,12 +29,18 @@ class ModelLoadError(ValueError):
 
 @dataclass
 class Policy:
-    """A causal LM and its tokenizer, on one device."""
+    """A causal LM and its tokenizer, on one device.
+
+    base and stack say where trained weights came from (see models.adapters): the
+    base model's name ("" = name) and the adapter directories merged into it.
+    """
 
     model: Any
     tokenizer: Any
     name: str
     device: torch.device
+    base: str = ""
+    stack: tuple[str, ...] = ()
 
 
 def cache_dir() -> Path:
@@ -49,7 +55,9 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def load_policy(name_or_path: str = EMBEDDED_NAME, dtype: str = "float32", device: str = "auto") -> Policy:
-    """Load a policy by name (`smollm2-135m`, `tiny`), local directory or hub id."""
+    """Load a policy by name (`smollm2-135m`, `tiny`), a Hugging Face model directory,
+    a ponder run, stage or checkpoint directory (its trained weights merged in; see
+    models.adapters), or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = resolve_device(device)
@@ -65,7 +73,9 @@ def load_policy(name_or_path: str = EMBEDDED_NAME, dtype: str = "float32", devic
     elif Path(name_or_path).exists():
         path = name_or_path
         if not (Path(path) / "config.json").is_file():
-            raise ModelLoadError(f"{path}: not a Hugging Face model directory (no config.json)")
+            from ponder.models.adapters import load_trained
+
+            return load_trained(path, dtype, device)
     elif name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise ModelLoadError(
             f"model '{name_or_path}' not found: give '{EMBEDDED_NAME}', 'tiny', a local model directory "

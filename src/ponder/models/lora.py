@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ponder.config import LoraConfig
@@ -40,7 +41,7 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
     )
     model: Any = get_peft_model(policy.model, peft_config)
     fuse_lora_linears(model)
-    return Policy(model=model, tokenizer=policy.tokenizer, name=policy.name, device=policy.device)
+    return replace(policy, model=model)
 
 
 def trainable_parameters(model: Any) -> tuple[int, int]:

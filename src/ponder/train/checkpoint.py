@@ -1,7 +1,11 @@
-"""Checkpoints: trainable weights, optimizer, scheduler, RNG states, trainer state.
+"""Checkpoints: trained weights, optimizer, scheduler, RNG states, trainer state.
 
-Written to a temp directory and renamed into place, then `latest` is updated
-atomically, so a SIGKILL at any moment leaves the previous checkpoint intact.
+The weights are in the field's formats (models.adapters: a PEFT adapter, or a
+Hugging Face model when fully fine-tuned), so every checkpoint directory loads with
+`PeftModel.from_pretrained` or `ponder … --model CHECKPOINT_DIR`; the resume state
+sits next to them as `.pt` files. Written to a temp directory and renamed into
+place, then `latest` is updated atomically, so a SIGKILL at any moment leaves the
+previous checkpoint intact.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import numpy as np
 import torch
 
 from ponder.fileio import write_text_atomic
+from ponder.models import Policy
+from ponder.models.adapters import load_adapter_weights, save_trained
 
 KEEP_LAST = 2
 
@@ -29,19 +35,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Only parameters that train (the LoRA adapters, or everything when fully fine-tuned)."""
-    return {name: p.detach().clone() for name, p in module.named_parameters() if p.requires_grad}
-
-
-def save_checkpoint(run_dir: Path, step: int, objects: dict[str, Any]) -> Path:
-    """Save `objects` (name → state) as checkpoints/step-N and point `latest` at it."""
+def save_checkpoint(run_dir: Path, step: int, policy: Policy, objects: dict[str, Any]) -> Path:
+    """Save the policy's trained weights and `objects` (name → state) as
+    checkpoints/step-N and point `latest` at it."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     staging = root / f".step-{step:06d}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    save_trained(policy, staging)
     for name, state in objects.items():
         torch.save(state, staging / f"{name}.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -65,13 +68,12 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return {file.stem: torch.load(file, weights_only=False) for file in sorted(Path(path).glob("*.pt"))}
 
 
-def save_training_state(run_dir: Path, step: int, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+def save_training_state(run_dir: Path, step: int, policy: Policy, optimizer: Any, scheduler: Any,
                         trainer: dict[str, Any]) -> Path:
-    """A supervised trainer's checkpoint: trainable weights, optimizer, scheduler and
+    """A supervised trainer's checkpoint: trained weights, optimizer, scheduler and
     the trainer's own state (step, data order, RNG …)."""
-    objects = {"weights": trainable_state(model), "optimizer": optimizer.state_dict(),
-               "scheduler": scheduler.state_dict(), "trainer": trainer}  # fmt: skip
-    return save_checkpoint(run_dir, step, objects)
+    objects = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "trainer": trainer}
+    return save_checkpoint(run_dir, step, policy, objects)
 
 
 def restore_training_state(
@@ -83,7 +85,7 @@ def restore_training_state(
     if path is None:
         return None
     state = load_checkpoint(path)
-    model.load_state_dict(state["weights"], strict=False)
+    load_adapter_weights(model, path)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return state["trainer"]

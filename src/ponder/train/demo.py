@@ -10,21 +10,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 import yaml
 
 from ponder.config import Recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe
 from ponder.fileio import atomic_path, write_text_atomic
-from ponder.train.checkpoint import trainable_state
+from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.train.plot import plot_run, plot_stages
-from ponder.train.progress import training_progress
+from ponder.train.progress import item_progress, training_progress
 from ponder.train.rl import RLTrainer, prepare_policy
 from ponder.train.sft import warm_up
 from ponder.types import save_trajectories
 
 STAGES = ("base", "sft", "rl", "oracle")
-SFT_WEIGHTS = "weights.pt"
 
 
 def run_demo(
@@ -53,14 +51,15 @@ def run_demo(
         return value
 
     def held_out(name: str, oracle: bool = False) -> None:
-        result = stage(f"eval:{name}", lambda: evaluate(eval_recipe, policy=policy, oracle=oracle))
+        with item_progress(f"eval {name}", eval_recipe.eval.episodes) as advance:
+            result = stage(f"eval:{name}", lambda: evaluate(eval_recipe, policy, advance, oracle=oracle))
         save_trajectories(result.trajectories, run_dir / f"eval-{name}.parquet")
         metrics = results["stages"][name] = result.metrics
         say(f"eval {name}: reward {metrics['reward']:.3f}  EM {metrics['em']:.3f}  "
             f"searches/ep {metrics['searches_per_episode']:.2f}")  # fmt: skip
 
     if previous is not None:
-        policy.model.load_state_dict(previous.weights, strict=False)
+        load_adapter_weights(policy.model, previous.weights)
         results["stages"].update(previous.stages)
         results["sft_from"] = str(sft_from)
         _copy_evaluations(Path(sft_from), run_dir, previous.stages)
@@ -68,9 +67,8 @@ def run_demo(
         held_out("oracle", oracle=True)
         held_out("base")
     if recipe.sft.steps > 0 and previous is None:
-        stage("sft", lambda: warm_up(recipe, policy, run_dir / "sft"))
-        with atomic_path(run_dir / "sft" / SFT_WEIGHTS) as tmp:
-            torch.save(trainable_state(policy.model), tmp)
+        with item_progress("SFT steps", recipe.sft.steps) as advance:
+            stage("sft", lambda: warm_up(recipe, policy, run_dir / "sft", advance))
         held_out("sft")
     if recipe.train.steps > 0:
         stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy))
@@ -92,7 +90,7 @@ def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> No
 
 @dataclass
 class _SFTRun:
-    weights: dict[str, torch.Tensor]
+    weights: Path  # the SFT stage's adapter directory
     stages: dict[str, Any]
 
 
@@ -115,8 +113,8 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     """The SFT weights and pre-RL evaluations of a finished demo run, after checking
     that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)."""
     run_dir = Path(run_dir)
-    weights, results = run_dir / "sft" / SFT_WEIGHTS, run_dir / "results.json"
-    for path in (weights, results, run_dir / "recipe.yaml"):
+    weights, results = run_dir / "sft", run_dir / "results.json"
+    for path in (weights / MANIFEST, results, run_dir / "recipe.yaml"):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished demo run with an SFT stage")
     theirs = _warm_up_settings(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
@@ -126,7 +124,7 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
             raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
-    return _SFTRun(torch.load(weights), kept)
+    return _SFTRun(weights, kept)
 
 
 def _train_rl(recipe: Recipe, run_dir: Path, policy: Any) -> None:

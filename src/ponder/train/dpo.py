@@ -203,8 +203,7 @@ class DPOTrainer:
     def save(self) -> Path:
         trainer = {"step": self.step, "order": list(self.order), "rng": self.rng.getstate(),
                    "global_rng": rng_state()}  # fmt: skip
-        model, optimizer, scheduler = self.policy.model, self.optimizer, self.scheduler
-        return save_training_state(self.run_dir, self.step, model, optimizer, scheduler, trainer)
+        return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, trainer)
 
     def resume(self) -> int:
         trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)

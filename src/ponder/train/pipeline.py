@@ -3,8 +3,8 @@
 Each stage writes out/NN-stage/. A training stage starts from the base with the
 finished stages' adapters merged in (applied and merged in order, so "adapters
 disabled" is the previous stage's policy, the reference DPO and RL KL need), trains
-fresh adapters (or every weight when lora.enabled is false), saves them as
-`weights.pt`, then writes `done.json` (its report and, with eval_each, its held-out
+fresh adapters (or every weight when lora.enabled is false), saves them in the
+stage directory (PEFT's layout, see models.adapters), then writes `done.json` (its report and, with eval_each, its held-out
 evaluation). On a re-run a stage with `done.json` is skipped (its weights are
 merged in); an interrupted one resumes from its latest checkpoint.
 """
@@ -25,10 +25,14 @@ import torch
 from ponder.config import PipelineRecipe, SFTTrainerConfig
 from ponder.data import (
     ChatFormatter,
+    Conversation,
+    PreferencePair,
     TokenizedExample,
     load_conversations,
     load_preferences,
+    preference_from_trajectories,
     successful_conversations,
+    write_jsonl,
 )
 from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
 from ponder.eval.agent_metrics import agent_metrics
@@ -37,15 +41,10 @@ from ponder.models import Policy, apply_lora, load_policy
 from ponder.rewards import format_compliance
 from ponder.rewards.agent import AgentReward
 from ponder.tools.retrieval import build_retriever
-from ponder.train.checkpoint import trainable_state
+from ponder.models.adapters import load_adapter_weights, save_trained
+from ponder.train.progress import item_progress
 from ponder.train.continual import EWCState, ReservoirBuffer
-from ponder.train.dpo import (
-    DPOTrainer,
-    PreferenceExample,
-    sample_preferences,
-    trajectory_example,
-    with_group_size,
-)
+from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, trajectory_example, with_group_size
 from ponder.train.selection import select_coreset
 from ponder.train.sft import build_demonstrations
 from ponder.train.sft_trainer import SFTInputs, SFTTrainer
@@ -54,7 +53,11 @@ from ponder.types import ToolSpec
 STAGES = ("warmup", "sft", "dpo", "rl", "eval")
 TRAINING_STAGES = ("warmup", "sft", "dpo", "rl")
 DONE = "done.json"
-WEIGHTS = "weights.pt"
+EXAMPLES = "examples.jsonl"  # the warm-up's demonstrations, TRL conversational format
+PAIRS = "pairs.jsonl"  # a DPO stage's preference pairs, TRL preference format
+SEARCH_TOOL = ToolSpec(
+    "search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}}
+)
 
 
 @dataclass
@@ -119,6 +122,7 @@ def run_pipeline(
     check_pipeline(recipe)
     ctx = Context(recipe, Path(out), say)
     ctx.out.mkdir(parents=True, exist_ok=True)
+    _record_recipe(recipe, ctx.out)
     policy = load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
     for name, dirname in stage_plan(recipe):
         stage_dir = ctx.out / dirname
@@ -139,6 +143,24 @@ def run_pipeline(
     return ctx.stage_results
 
 
+def _record_recipe(recipe: PipelineRecipe, out: Path) -> None:
+    """Write out/recipe.yaml; a run continued in `out` must have been started with the same recipe."""
+    import yaml
+
+    from ponder.config import to_dict
+
+    text = yaml.safe_dump(to_dict(recipe), sort_keys=False)
+    saved = out / "recipe.yaml"
+    if saved.is_file():
+        theirs, ours = yaml.safe_load(saved.read_text()), yaml.safe_load(text)
+        changed = [key for key in ours if ours[key] != theirs.get(key)]
+        if changed:
+            raise ValueError(f"{saved}: the run was started with a different recipe (section {changed[0]}); "
+                             "use --overwrite or another --out")  # fmt: skip
+        return
+    write_text_atomic(saved, text)
+
+
 def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tuple[Policy, dict[str, Any]]:
     stage_dir.mkdir(parents=True, exist_ok=True)
     if name == "eval-base":
@@ -154,8 +176,8 @@ def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tupl
     trainable = fresh_trainable(policy, ctx.recipe)
     runner = {"warmup": run_warmup, "sft": run_sft, "dpo": run_dpo, "rl": run_rl}[name]
     report = runner(ctx, trainable, stage_dir)
-    torch.save(trainable_state(trainable.model), stage_dir / WEIGHTS)
-    merged = merged_policy(trainable, ctx.recipe)
+    save_trained(trainable, stage_dir)
+    merged = merged_policy(trainable, ctx.recipe, stage_dir)
     if ctx.recipe.pipeline.eval_each:
         report["eval"] = evaluate_stage(ctx, merged, stage_dir)
     return merged, report
@@ -170,26 +192,23 @@ def fresh_trainable(policy: Policy, recipe: PipelineRecipe) -> Policy:
     return policy
 
 
-def merged_policy(policy: Policy, recipe: PipelineRecipe) -> Policy:
-    """The adapters folded into the weights (a plain model again), frozen."""
+def merged_policy(policy: Policy, recipe: PipelineRecipe, stage_dir: Path) -> Policy:
+    """The adapters folded into the weights (a plain model again), frozen; the stage's
+    directory joins the policy's stack (what later stages' adapters sit on)."""
     model = policy.model.merge_and_unload() if recipe.lora.enabled else policy.model
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     model.eval()
-    return Policy(model=model, tokenizer=policy.tokenizer, name=policy.name, device=policy.device)
+    if not recipe.lora.enabled:  # a full fine-tune is a new base of its own
+        return replace(policy, model=model, base=str(stage_dir), stack=())
+    return replace(policy, model=model, stack=(*policy.stack, str(stage_dir)))
 
 
 def merge_stage(policy: Policy, stage_dir: Path, recipe: PipelineRecipe) -> Policy:
     """Apply a finished stage's saved weights to `policy` and merge them in."""
     trainable = fresh_trainable(policy, recipe)
-    state = torch.load(stage_dir / WEIGHTS, map_location=policy.device, weights_only=True)
-    missing = set(trainable_state(trainable.model)) - set(state)
-    if missing:
-        raise ValueError(
-            f"{stage_dir / WEIGHTS}: lacks weights {sorted(missing)[:2]} (recipe changed since the run?)"
-        )
-    trainable.model.load_state_dict(state, strict=False)
-    return merged_policy(trainable, recipe)
+    load_adapter_weights(trainable.model, stage_dir)
+    return merged_policy(trainable, recipe, stage_dir)
 
 
 def evaluate_stage(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
@@ -197,7 +216,8 @@ def evaluate_stage(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, A
     from ponder.eval import evaluate, held_out_recipe, save_result
 
     recipe = held_out_recipe(ctx.recipe)
-    result = evaluate(recipe, policy=policy)
+    with item_progress("eval episodes", recipe.eval.episodes) as advance:
+        result = evaluate(recipe, policy=policy, on_episode_done=advance)
     save_result(result, recipe, stage_dir / "eval")
     metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
     tasks_by_id = {t.id: t for t in result.tasks}
@@ -226,7 +246,9 @@ def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
         tasks, recipe.sft.behaviour, ctx.retriever, policy, recipe, recipe.sft.oracle_fraction
     )
     examples = [trajectory_example(t) for t in demos]
-    torch.save(examples, stage_dir / "examples.pt")  # a later stage's replay buffer / EWC data
+    # TRL's conversational format; a later stage's replay buffer / EWC data
+    conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, [SEARCH_TOOL])
+    write_jsonl(stage_dir / EXAMPLES, conversations)
     sft = recipe.sft
     cfg = SFTTrainerConfig(
         steps=sft.steps, batch_size=sft.batch_size, micro_batch_size=recipe.algo.micro_batch_size, lr=sft.lr,
@@ -234,7 +256,7 @@ def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     )  # fmt: skip
     trainer = SFTTrainer(policy, SFTInputs(examples), cfg, stage_dir, recipe.train.seed)
     start = trainer.resume()
-    history = trainer.train()
+    history = _train_with_progress(trainer, "warm-up steps", cfg.steps)
     return {
         "demonstrations": len(examples),
         "of_tasks": len(tasks),
@@ -253,12 +275,7 @@ def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExam
         tasks = _train_tasks(ctx, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
         sft = recipe.sft
         demos = build_demonstrations(tasks, sft.behaviour, ctx.retriever, policy, recipe, sft.oracle_fraction)
-        tools = [
-            ToolSpec(
-                "search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}}
-            )
-        ]
-        conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, tools)
+        conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, [SEARCH_TOOL])
         source = f"{sft.behaviour} demonstrations ({sft.oracle_fraction:.0%} oracle)"
         report = {"source": source, "load": {"read": len(tasks), "kept": len(conversations)}}
     formatter = ChatFormatter(policy.tokenizer, recipe.data.tool_style)
@@ -296,7 +313,7 @@ def run_sft(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     inputs.replay, inputs.ewc = _continual(ctx, policy, stage_dir)
     trainer = SFTTrainer(policy, inputs, recipe.sft_trainer, stage_dir, recipe.train.seed)
     report["resumed_from"] = trainer.resume()
-    history = trainer.train()
+    history = _train_with_progress(trainer, "SFT steps", recipe.sft_trainer.steps)
     report.update(
         {"train_examples": len(inputs.train), "eval_examples": len(inputs.eval), "last": _last(history)}
     )
@@ -308,10 +325,12 @@ def _continual(
 ) -> tuple[ReservoirBuffer | None, EWCState | None]:
     """Replay buffer and EWC state over the warm-up's examples, when configured and present."""
     cfg = ctx.recipe.continual
-    previous = sorted(ctx.out.glob("*-warmup/examples.pt"))
+    previous = sorted(ctx.out.glob(f"*-warmup/{EXAMPLES}"))
     if not previous or (cfg.replay_capacity <= 0 and cfg.ewc_lambda <= 0):
         return None, None
-    examples = torch.load(previous[0], weights_only=False)
+    # the inline style gives back each episode's exact token ids and loss mask
+    formatter = ChatFormatter(policy.tokenizer, "inline")
+    examples = [formatter(conversation) for conversation in load_conversations(previous[0])[0]]
     replay = None
     if cfg.replay_capacity > 0:
         replay = ReservoirBuffer(cfg.replay_capacity, ctx.recipe.train.seed)
@@ -324,28 +343,33 @@ def _continual(
 
 
 def run_dpo(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
-    """Preference pairs (file, or sampled and ranked with the agent reward), then DPO."""
+    """Preference pairs (file, or sampled and ranked with the agent reward), then DPO.
+    Sampled pairs are kept in TRL's preference format (pairs.jsonl), so an
+    interrupted stage trains on the pairs it sampled."""
     recipe = ctx.recipe
-    pairs_file = stage_dir / "pairs.pt"
-    if pairs_file.is_file():  # an interrupted stage trains on the pairs it sampled
-        saved = torch.load(pairs_file, weights_only=False)
-        pairs, report = saved["pairs"], saved["report"]
+    pairs_file, report_file = stage_dir / PAIRS, stage_dir / "pairs-report.json"
+    if pairs_file.is_file():
+        rows, _ = load_preferences(pairs_file)
+        report = json.loads(report_file.read_text())
     else:
-        pairs, report = _preference_pairs(ctx, policy)
-        torch.save({"pairs": pairs, "report": report}, pairs_file)
+        rows, report = _preference_rows(ctx, policy)
+        write_text_atomic(report_file, json.dumps(report, indent=2, default=float) + "\n")
+        write_jsonl(pairs_file, rows)  # last: its presence means both files are complete
+    # a sampled pair is re-tokenised exactly as it was generated (inline style)
+    style = recipe.data.tool_style if recipe.data.preference_path else "inline"
+    formatter = ChatFormatter(policy.tokenizer, style)
+    pairs = [_formatted_pair(formatter, row) for row in rows]
     trainer = DPOTrainer(policy, pairs, recipe.dpo, stage_dir, recipe.train.seed)
     report["resumed_from"] = trainer.resume()
-    report["last"] = _last(trainer.train())
+    report["last"] = _last(_train_with_progress(trainer, "DPO steps", recipe.dpo.steps))
     return report
 
 
-def _preference_pairs(ctx: Context, policy: Policy) -> tuple[list[PreferenceExample], dict[str, Any]]:
+def _preference_rows(ctx: Context, policy: Policy) -> tuple[list[PreferencePair], dict[str, Any]]:
     recipe = ctx.recipe
     if recipe.data.preference_path:
         rows, load = load_preferences(recipe.data.preference_path, recipe.data.max_examples)
-        formatter = ChatFormatter(policy.tokenizer, recipe.data.tool_style)
-        pairs = [_formatted_pair(formatter, row) for row in rows]
-        return pairs, {"source": recipe.data.preference_path, "load": load.to_dict(), "pairs": len(pairs)}
+        return rows, {"source": recipe.data.preference_path, "load": load.to_dict(), "pairs": len(rows)}
     from ponder.rollout import HFBackend, RolloutEngine
 
     rollout = with_group_size(recipe.rollout, recipe.dpo.samples_per_prompt, recipe.dpo.temperature)
@@ -356,15 +380,16 @@ def _preference_pairs(ctx: Context, policy: Policy) -> tuple[list[PreferenceExam
 
     tasks = _train_tasks(ctx, recipe.dpo.prompts, recipe.train.seed + 2)
     sampled, report = sample_preferences(policy, tasks, engine_for, ctx.agent_reward(), recipe.dpo)
-    pairs = [
-        PreferenceExample(trajectory_example(best), trajectory_example(worst)) for best, worst in sampled
-    ]
-    return pairs, report
+    by_id = {t.id: t for t in tasks}
+    rows = [
+        preference_from_trajectories(best, worst, by_id[best.task_id], build_messages(by_id[best.task_id]),
+                                     [SEARCH_TOOL])
+        for best, worst in sampled
+    ]  # fmt: skip
+    return rows, report
 
 
-def _formatted_pair(formatter: ChatFormatter, row: Any) -> PreferenceExample:
-    from ponder.data import Conversation
-
+def _formatted_pair(formatter: ChatFormatter, row: PreferencePair) -> PreferenceExample:
     def side(messages: list) -> TokenizedExample:
         return formatter(Conversation(row.prompt + messages, row.tools, row.task_type, row.id))
 
@@ -377,8 +402,14 @@ def run_rl(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
 
     trainer = RLTrainer(ctx.recipe, stage_dir, policy=policy, reward=ctx.agent_reward())
     start = trainer.resume()
-    trainer.train()
+    _train_with_progress(trainer, "RL steps", ctx.recipe.train.steps)
     return {"resumed_from": start, "steps": trainer.step}
+
+
+def _train_with_progress(trainer: Any, label: str, steps: int) -> Any:
+    """trainer.train(on_step) under a progress bar over the steps still to run."""
+    with item_progress(label, max(0, steps - trainer.step)) as advance:
+        return trainer.train(advance)
 
 
 def _last(history: list[dict[str, float]]) -> dict[str, float]:

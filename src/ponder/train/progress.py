@@ -36,3 +36,13 @@ def training_progress(total: int, start: int = 0, label: str = "RL steps") -> It
             progress.console.print(f"step {step}: {step_summary(metrics)}", highlight=False)
 
         yield on_step
+
+
+@contextlib.contextmanager
+def item_progress(label: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """A transient bar for work counted in items (episodes, steps); yields advance(*_),
+    which takes and ignores whatever a callback passes (a trajectory, step metrics)."""
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        bar = progress.add_task("", total=total)
+        yield lambda *_: progress.advance(bar)

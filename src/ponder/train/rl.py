@@ -39,8 +39,8 @@ from ponder.rewards import CompositeReward, score_trajectories
 from ponder.rollout import HFBackend, RolloutEngine
 from ponder.tools.retrieval import build_retriever
 from ponder.train.batch import collate
+from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.train.checkpoint import trainable_state
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.train.rl_metrics import episode_metrics
@@ -190,7 +190,6 @@ class RLTrainer:
 
     def save(self) -> Path:
         objects = {
-            "weights": trainable_state(self.policy.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "trainer": {
@@ -204,7 +203,7 @@ class RLTrainer:
         }
         if self.value_head is not None:
             objects["value_head"] = self.value_head.state_dict()
-        return save_checkpoint(self.run_dir, self.step, objects)
+        return save_checkpoint(self.run_dir, self.step, self.policy, objects)
 
     def resume(self) -> int:
         """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
@@ -212,10 +211,7 @@ class RLTrainer:
         if path is None:
             return 0
         state = load_checkpoint(path)
-        missing = set(trainable_state(self.policy.model)) - set(state["weights"])
-        if missing:
-            raise ValueError(f"{path}: checkpoint lacks weights {sorted(missing)[:3]} (different recipe?)")
-        self.policy.model.load_state_dict(state["weights"], strict=False)
+        load_adapter_weights(self.policy.model, path)
         if self.value_head is not None:
             self.value_head.load_state_dict(state["value_head"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -123,9 +123,14 @@ def _cycled_order(n: int, length: int, seed: int) -> list[int]:
     return order[:length]
 
 
-def warm_up(recipe: Recipe, policy: Policy, log_dir: Path) -> list[dict[str, float]]:
-    """The recipe's SFT stage: demonstrations of sft.task_kinds, then sft_train (logged)."""
+def warm_up(
+    recipe: Recipe, policy: Policy, log_dir: Path, on_step: Callable[[int, dict[str, float]], None] | None = None
+) -> list[dict[str, float]]:
+    """The recipe's SFT stage: demonstrations of sft.task_kinds, then sft_train (logged
+    in log_dir; on_step(step, metrics) after each step too); the trained weights are
+    saved in log_dir (models.adapters)."""
     from ponder.envs import load_search_qa
+    from ponder.models.adapters import save_trained
     from ponder.tools.retrieval import build_retriever
     from ponder.train.metrics_log import MetricsLog
 
@@ -137,4 +142,12 @@ def warm_up(recipe: Recipe, policy: Policy, log_dir: Path) -> list[dict[str, flo
         tasks, recipe.sft.behaviour, retriever, policy, recipe, recipe.sft.oracle_fraction
     )
     with MetricsLog(log_dir, tensorboard=False) as log:
-        return sft_train(policy, demonstrations, recipe.sft, recipe.train.seed, recipe.algo.micro_batch_size, log.log)
+
+        def logged(step: int, metrics: dict[str, float]) -> None:
+            log.log(step, metrics)
+            if on_step is not None:
+                on_step(step, metrics)
+
+        history = sft_train(policy, demonstrations, recipe.sft, recipe.train.seed, recipe.algo.micro_batch_size, logged)
+    save_trained(policy, log_dir)
+    return history

@@ -167,8 +167,7 @@ class SFTTrainer:
         trainer = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
         if self.inputs.replay is not None:
             trainer["replay"] = self.inputs.replay.state_dict()
-        model, optimizer, scheduler = self.policy.model, self.optimizer, self.scheduler
-        return save_training_state(self.run_dir, self.step, model, optimizer, scheduler, trainer)
+        return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, trainer)
 
     def resume(self) -> int:
         """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
