@@ -159,18 +159,19 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ponder.config import PipelineRecipe, load_recipe
-    from ponder.train.pipeline import run_pipeline, stage_table_markdown
+    from ponder.train.pipeline import check_pipeline, run_pipeline, stage_table_markdown
 
     from ponder.rundir import claim_run_dir, require_run_dir
 
     recipe = load_recipe(args.recipe, args.overrides, cls=PipelineRecipe)
-    out = args.out or recipe.pipeline.out
+    out = Path(args.out or recipe.pipeline.out)
+    check_pipeline(recipe)  # a bad recipe fails before the output directory is touched
     if args.resume:
         require_run_dir(out, ("recipe.yaml",), f"it without --resume: ponder pipeline run {args.recipe} --out {out}")
     else:
         claim_run_dir(out, args.overwrite, can_resume=True)
     console = Console(stderr=True)
-    stages = run_pipeline(recipe, Path(out), say=console.print)
+    stages = run_pipeline(recipe, out, say=console.print)
     print(stage_table_markdown(stages), end="")
     console.print(f"wrote {out / 'results.json'} and one directory per stage in {out}")
     return 0

@@ -43,6 +43,7 @@ def item_progress(label: str, total: int | None = None) -> Iterator[Callable[...
     """A transient bar for work counted in items (episodes, steps); yields advance(*_),
     which takes and ignores whatever a callback passes (a trajectory, step metrics)."""
     columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         bar = progress.add_task("", total=total)
         yield lambda *_: progress.advance(bar)

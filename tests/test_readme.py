@@ -1,0 +1,113 @@
+"""The README's own commands run as written (on the tiny model) and do what it says.
+
+Every `ponder …` line of the README's bash blocks must be listed in COMMANDS: run
+(with tiny-model settings appended, which override the recipe) or skipped with the
+reason and the test that covers it instead. A README command missing here fails
+the test, so the README cannot drift from what ponder accepts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from ponder.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_WORLD = ["env.taskgen.n_people=20", "env.taskgen.n_train=8", "env.taskgen.n_eval=2"]
+TINY = [
+    "model.name=tiny", "sft.steps=2", "sft.batch_size=2", "sft.examples=4", "train.steps=2",
+    "train.tasks_per_step=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens_per_turn=8",
+    "train.save_every=1", "lora.r=4", "eval.episodes=2", *SMALL_WORLD,
+]  # fmt: skip
+PIPELINE = ["model.name=tiny", "sft.steps=1", "sft.examples=4", "sft_trainer.steps=1", "dpo.steps=1",
+            "pipeline.stages=[sft,eval]", "rollout.sampling.max_new_tokens_per_turn=8", "eval.episodes=2",
+            *SMALL_WORLD]  # fmt: skip  (the tiny model ties every DPO pair: tests/train/test_pipeline.py covers DPO)
+SKIP = "skip"
+# README command → what the test appends to it (or SKIP and why).
+COMMANDS: dict[str, list[str] | tuple[str, str]] = {
+    "ponder --help": [],
+    "ponder demo --quick": TINY,
+    "ponder demo --recipe recipes/search_qa_rloo.yaml --sft-from runs/demo --out runs/rloo": TINY,
+    "ponder gain runs/demo runs/rloo --each": [],
+    "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo": TINY,
+    "ponder train --recipe recipes/search_qa_ppo.yaml --out runs/ppo algo.epochs=4": TINY,
+    "ponder train --resume runs/grpo train.steps=30": ["train.steps=3"],
+    "ponder plot runs/grpo": [],
+    "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --episodes 32 --out runs/eval": SMALL_WORLD,
+    "ponder chat --model runs/grpo --tools calculator": [],
+    "ponder export runs/grpo --out runs/grpo-hf --merge": [],
+    "ponder gen-tasks --out data/": SMALL_WORLD,
+    "ponder serve-retriever --corpus data/corpus.jsonl --port 8000": (
+        SKIP, "serves until stopped: tests/retrieval/test_server.py runs it on a free port"),
+    "ponder eval --recipe recipes/search_qa.yaml --out runs/eval-http retriever.kind=http "
+    "retriever.url=http://127.0.0.1:8000": (SKIP, "needs the server above: tests/retrieval/test_server.py"),
+    "ponder chat --model smollm2-135m --tools calculator,python": ["--model", "tiny"],
+    'ponder run-agent --task "What is 17 * 23?" --tools calculator': ["--model", "tiny"],
+    'ponder run-agent --task "…" --tools rag --docs ./docs': ["--model", "tiny", "max_turns=1"],
+    "ponder tools train": (SKIP, "fine-tunes the encoder for minutes: tests/eval/test_tool_retrieval.py"),
+    "ponder tools eval": (SKIP, "needs `tools train`: tests/eval/test_tool_retrieval.py"),
+    "ponder tools index": (SKIP, "needs `tools train`: tests/eval/test_tool_retrieval.py"),
+    'ponder tools search "convert 100 USD to EUR"': (SKIP, "needs `tools index`"),
+    "ponder bench-agent --model smollm2-135m --retrieval-topk 0 5": (
+        SKIP, "BFCL's checker in .venv-bfcl, minutes: tests/eval/test_bench_agent_samples.py"),
+    "ponder pipeline run recipes/pipeline_search_qa.yaml": PIPELINE,
+    "ponder pipeline run recipes/pipeline_search_qa.yaml --resume": PIPELINE,
+}
+
+
+def readme_commands() -> list[str]:
+    """`ponder …` commands of the README's bash blocks, comments dropped, `&&` split."""
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            commands += [part.strip() for part in line.split("&&") if part.strip().startswith("ponder")]
+    return commands
+
+
+def test_every_readme_command_is_listed():
+    assert [c for c in readme_commands() if c not in COMMANDS] == []
+
+
+def _run(command: str, extra: list[str], monkeypatch, capsys) -> str:
+    argv = shlex.split(command)[1:] + extra
+    if argv[0] == "chat":  # piped: one question, then the end of input
+        monkeypatch.setattr(sys, "stdin", io.StringIO("What is 2 + 2?\n/help\n"))
+    if argv == ["--help"]:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+    else:  # run-agent exits 1 when the agent stopped without an answer (the tiny model never answers)
+        assert main(argv) in ((0, 1) if argv[0] == "run-agent" else (0,)), f"{command}: {capsys.readouterr().err[-800:]}"
+    return capsys.readouterr().out
+
+
+def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # recipes resolve from any directory
+    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    # `make demo` first: later commands reuse its warm-up
+    _run("ponder demo --recipe recipes/demo.yaml --out runs/demo", TINY, monkeypatch, capsys)
+    outputs = {}
+    for command in readme_commands():
+        if isinstance(COMMANDS[command], tuple):
+            continue
+        outputs[command] = _run(command, list(COMMANDS[command]), monkeypatch, capsys)
+    assert "export" in outputs["ponder --help"] and "PONDER_DEBUG=1" in outputs["ponder --help"]
+    assert json.loads((tmp_path / "runs/rloo/results.json").read_text())["sft_from"] == "runs/demo"
+    assert [json.loads(line)["step"] for line in open("runs/grpo/metrics.jsonl")] == [1, 2, 3]
+    assert (tmp_path / "runs/grpo/plots/reward.png").is_file()
+    assert json.loads((tmp_path / "runs/eval/metrics.json").read_text())["model"] == "runs/grpo"
+    assert (tmp_path / "runs/grpo-hf/config.json").is_file()
+    assert {"corpus.jsonl", "train.jsonl", "eval.jsonl"} <= {p.name for p in (tmp_path / "data").iterdir()}
+    assert "/tools" in outputs["ponder chat --model smollm2-135m --tools calculator,python"]
+    agent = json.loads(outputs['ponder run-agent --task "What is 17 * 23?" --tools calculator'])
+    assert agent["status"] in ("answered", "stopped") and agent["stop_reason"]
+    assert (tmp_path / "runs/pipeline/results.json").is_file()
