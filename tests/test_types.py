@@ -194,3 +194,44 @@ def test_saved_file_has_ordinary_permissions(tmp_path):
         assert os.stat(path).st_mode & 0o777 == 0o644
     finally:
         os.umask(previous)
+
+
+def test_saved_file_loads_with_hugging_face_datasets(tmp_path):
+    import datasets
+
+    path = tmp_path / "trajectories.parquet"
+    originals = [rich_trajectory(), bare_trajectory()]
+    save_trajectories(originals, path)
+    dataset = datasets.load_dataset(
+        "parquet", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache")
+    )
+    assert dataset.num_rows == 2
+    assert dataset[0]["breakdown"] == [
+        {"key": "em", "value": 1.0}, {"key": "format", "value": 1.0}, {"key": "search_cost", "value": -0.05},
+    ]
+    assert dataset[0]["metrics"] == [{"key": "turns", "value": 2.0}, {"key": "searches", "value": 1.0}]
+    assert dataset[1]["breakdown"] == [] and dataset[0]["loss_mask"] == [1, 1, 0, 0, 1]
+    # a row as datasets gives it back is a trajectory again, unchanged
+    assert [Trajectory.from_row(row) for row in dataset] == originals
+
+
+def test_files_written_with_map_columns_still_load(tmp_path):
+    # Files written before breakdown and metrics became lists of {key, value}
+    # stored them as Parquet maps.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ponder.types import _parquet_schema
+
+    schema = _parquet_schema()
+    for name in ("breakdown", "metrics"):
+        schema = schema.set(schema.get_field_index(name), pa.field(name, pa.map_(pa.string(), pa.float64())))
+    rows = []
+    for trajectory in (rich_trajectory(), bare_trajectory()):
+        row = trajectory.to_row()
+        row["breakdown"] = list(trajectory.breakdown.items())
+        row["metrics"] = list(trajectory.metrics.items())
+        rows.append(row)
+    path = tmp_path / "old.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    assert load_trajectories(path) == [rich_trajectory(), bare_trajectory()]

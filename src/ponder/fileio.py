@@ -1,4 +1,5 @@
-"""Atomic file writes: readers see the old file or the whole new one, never half.
+"""Atomic file writes and strict JSON: readers see the old file or the whole new
+one, never half, and every JSON file parses with any standard JSON reader.
 
 A leaf module (standard library only) so that even `types.py` may use it.
 """
@@ -6,10 +7,13 @@ A leaf module (standard library only) so that even `types.py` may use it.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -18,6 +22,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
 
     On any exception the temp file is removed and `path` is left untouched. The
     file gets the usual umask-derived mode (mkstemp alone would make it 0600).
+    The temp file is fsynced before the rename: without it a power cut can leave
+    the new name pointing at a file whose data never reached the disk (empty).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -28,12 +34,63 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        _fsync(tmp)
         os.replace(tmp, target)
+        # Makes the rename itself durable; some file systems refuse to open or
+        # fsync a directory, and the file's data is safe either way.
+        with contextlib.suppress(OSError):
+            _fsync(target.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def _fsync(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(text)
+        Path(tmp).write_text(text, encoding="utf-8")
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN and ±inf replaced by None, recursively through dicts,
+    lists and tuples; numpy / torch scalars and arrays become Python numbers and
+    lists. Standard JSON has no NaN: json.dumps would write the bare token `NaN`,
+    which JSON.parse, jq and most other readers reject."""
+    if isinstance(value, float):  # numpy.float64 is a float too
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(item) for item in value]
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy / torch, without importing them
+        return finite_json(value.tolist())
+    return value
+
+
+def dumps_strict(value: Any, *, default: Callable[[Any], Any] | None = None, **kwargs: Any) -> str:
+    """json.dumps that never writes NaN or Infinity: non-finite floats become null
+    (see finite_json), also those `default` returns. Other json.dumps keyword
+    arguments (indent, sort_keys, ensure_ascii) pass through."""
+    wrapped = None if default is None else (lambda obj: finite_json(default(obj)))
+    return json.dumps(finite_json(value), allow_nan=False, default=wrapped, **kwargs)
+
+
+def write_json_atomic(
+    path: str | os.PathLike[str],
+    value: Any,
+    *,
+    indent: int | None = 2,
+    sort_keys: bool = True,
+    default: Callable[[Any], Any] | None = None,
+) -> None:
+    """Write `value` as strict JSON (dumps_strict) with a trailing newline, atomically."""
+    write_text_atomic(path, dumps_strict(value, indent=indent, sort_keys=sort_keys, default=default) + "\n")

@@ -193,20 +193,29 @@ class Trajectory:
             raise ValueError(f"trajectory {self.task_id}: loss_mask holds values other than 0/1")
 
     def to_row(self) -> dict[str, Any]:
-        """A flat dict for Parquet: turns as a list of structs, arguments as JSON text."""
+        """A flat dict for Parquet: turns as a list of structs, arguments as JSON text,
+        breakdown and metrics as lists of {"key", "value"} structs (see _parquet_schema)."""
         row = asdict(self)
         row["turns"] = [_turn_row(t) for t in self.turns]
-        row["breakdown"] = list(self.breakdown.items())
-        row["metrics"] = list(self.metrics.items())
+        row["breakdown"] = [{"key": k, "value": v} for k, v in self.breakdown.items()]
+        row["metrics"] = [{"key": k, "value": v} for k, v in self.metrics.items()]
         return row
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Trajectory:
+        """Inverse of to_row; also reads rows of older files whose breakdown and
+        metrics were Parquet maps (pyarrow gives those as (key, value) tuples)."""
         data = dict(row)
         data["turns"] = [_turn_from_row(t) for t in data.get("turns") or []]
-        data["breakdown"] = dict(data.get("breakdown") or [])
-        data["metrics"] = dict(data.get("metrics") or [])
+        data["breakdown"] = _dict_from_pairs(data.get("breakdown"))
+        data["metrics"] = _dict_from_pairs(data.get("metrics"))
         return cls(**data)
+
+
+def _dict_from_pairs(pairs: list[Any] | dict[str, float] | None) -> dict[str, float]:
+    if isinstance(pairs, dict):
+        return dict(pairs)
+    return dict((p["key"], p["value"]) if isinstance(p, dict) else p for p in pairs or [])
 
 
 def _turn_row(turn: Turn) -> dict[str, Any]:
@@ -242,6 +251,7 @@ def _parquet_schema():  # pyarrow is imported lazily: plain-data users need not 
             ("offered_tools", pa.list_(pa.string())),
         ]
     )
+    named_value = pa.struct([("key", pa.string()), ("value", pa.float64())])
     return pa.schema(
         [
             ("task_id", pa.string()),
@@ -251,8 +261,10 @@ def _parquet_schema():  # pyarrow is imported lazily: plain-data users need not 
             ("old_logprobs", pa.list_(pa.float64())),
             ("turns", pa.list_(turn)),
             ("reward", pa.float64()),
-            ("breakdown", pa.map_(pa.string(), pa.float64())),
-            ("metrics", pa.map_(pa.string(), pa.float64())),
+            # Lists of {key, value} rather than Parquet maps: Hugging Face datasets has no
+            # dtype for Arrow maps and refuses to load a file that has one.
+            ("breakdown", pa.list_(named_value)),
+            ("metrics", pa.list_(named_value)),
             ("group_id", pa.string()),
             ("stop_reason", pa.string()),
         ]

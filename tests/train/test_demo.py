@@ -163,12 +163,14 @@ def test_runs_table_has_one_row_per_run_with_its_own_gain():
 
     better = StagePair(episodes([0.0, 1.0], [1, 1]), episodes([1.0, 1.0], [0, 2]), ["a", "b"])
     worse = StagePair(episodes([1.0, 1.0], [1, 1]), episodes([0.0, 1.0], [1, 1]), ["a", "b"])
-    table = runs_table([better, worse], ["up", "down"], "sft", "rl")
-    cells = {column.header: list(column._cells) for column in table.columns}
+    reward, searches = runs_table([better, worse], ["up", "down"], "sft", "rl").renderables
+    cells = {column.header: list(column._cells) for column in reward.columns}
     assert cells["run"] == ["up", "down"]
     assert cells["gain"] == ["0.500", "-0.500"]
-    assert cells["searches a"] == ["1.00 → 0.00", "1.00 → 1.00"]
-    assert cells["searches b"] == ["1.00 → 2.00", "1.00 → 1.00"]
+    cells = {column.header: list(column._cells) for column in searches.columns}
+    assert cells["run"] == ["up", "down"]
+    assert cells["a"] == ["1.00 → 0.00", "1.00 → 1.00"]
+    assert cells["b"] == ["1.00 → 2.00", "1.00 → 1.00"]
 
 
 def test_sampled_held_out_evaluation_is_seeded_and_differs_from_greedy():

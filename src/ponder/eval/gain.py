@@ -12,12 +12,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ponder.config import load_recipe
+from rich.console import Group
 from rich.table import Table
 
+from ponder.config import load_recipe
 from ponder.eval.metrics import mean, standard_error
 from ponder.rewards.format import action_kind
 from ponder.types import Trajectory, load_trajectories
+
+# Table captions, one line each so they wrap nowhere in 80 columns.
+GAIN_CAPTION = "se paired: of the per-task differences\nse unpaired: √(se before² + se after²), conservative"
+SEARCH_CAPTION = (
+    "≥ 1, ≥ 2: share of episodes that searched at least once, twice\n"
+    "needed: searches made that its oracle makes too\n"
+    "extra: searches beyond those"
+)
 
 
 @dataclass
@@ -122,38 +131,58 @@ def _reward(trajectory: Trajectory) -> float:
     return trajectory.reward if trajectory.reward is not None else 0.0
 
 
-def gain_table(pairs: list[StagePair], before: str, after: str) -> Table:
-    """Reward gain (all tasks, then per kind); searches per episode, the share of
-    episodes that searched at least once / twice, and the needed and extra searches
-    per episode (search_split), before → after."""
-    table = Table(title=f"{after} vs {before}: {len(pairs)} run(s), paired by task")
-    headers = ["tasks", "n", before, after, "gain", "se (paired)", "se (unpaired)", "gain / se (unpaired)"]
-    headers += ["searches", "searched ≥ 1", "searched ≥ 2", "needed searches", "extra searches"]
-    for header in headers:
-        table.add_column(header, justify="left" if header == "tasks" else "right")
+def gain_table(pairs: list[StagePair], before: str, after: str) -> Group:
+    """Two tables, stacked so that each fits in 80 columns: the reward gain (all
+    tasks, then per kind), then per kind and stage the searches per episode, the
+    share of episodes that searched at least once / twice, and the needed and
+    extra searches per episode (search_split)."""
     kinds = sorted({k for pair in pairs for k in pair.kinds})
-    moves = [(searches_by_kind(pairs, "before", n), searches_by_kind(pairs, "after", n)) for n in (None, 1, 2)]
-    split = search_split(pairs, "before"), search_split(pairs, "after")
+    reward = _reward_table(f"{after} vs {before}: {len(pairs)} run(s), paired by task", "tasks", before, after)
+    reward.add_column("gain/se", justify="right")
+    reward.caption = GAIN_CAPTION + "\ngain/se: gain over the unpaired se"
     for kind in [None, *kinds]:
         g = stage_gain(pairs, kind)
-        moved = [f"{b[kind]:.2f} → {a[kind]:.2f}" if kind else "" for b, a in moves]
-        moved += [f"{split[0][kind][i]:.2f} → {split[1][kind][i]:.2f}" for i in (0, 1)]
-        cells = [g.n, g.before, g.after, g.gain, g.se_paired, g.se_unpaired, g.z]
-        table.add_row(kind or "all", *[f"{c:.3f}" if isinstance(c, float) else str(c) for c in cells], *moved)
-    return table
+        reward.add_row(kind or "all", *_gain_cells(g), _number(g.z))
+    searches = Table(title=f"searches per episode, {before} and {after}", caption=SEARCH_CAPTION)
+    for header in ("tasks", "stage", "searches", "≥ 1", "≥ 2", "needed", "extra"):
+        searches.add_column(header, justify="left" if header in ("tasks", "stage") else "right")
+    everything = [StagePair(p.before, p.after, ["all"] * len(p.kinds), p.needed) for p in pairs]
+    for kind, group in [("all", everything)] + [(kind, pairs) for kind in kinds]:
+        for stage, name in (("before", before), ("after", after)):
+            shares = [searches_by_kind(group, stage, n)[kind] for n in (None, 1, 2)]
+            needed, extra = search_split(group, stage)[kind]
+            cells = [f"{value:.2f}" for value in (*shares, needed, extra)]
+            searches.add_row(kind if stage == "before" else "", name, *cells, end_section=stage == "after")
+    return Group(reward, searches)
 
 
-def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str) -> Table:
-    """One row per run: its reward gain and, per task kind, searches per episode after."""
-    table = Table(title=f"{after} vs {before}, per run, paired by task")
+def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str) -> Group:
+    """Two tables, one row per run in each: its reward gain, then per task kind its
+    searches per episode before → after."""
+    reward = _reward_table(f"{after} vs {before}, per run, paired by task", "run", before, after)
+    reward.caption = GAIN_CAPTION
     kinds = sorted({k for pair in pairs for k in pair.kinds})
-    headers = ["run", "n", before, after, "gain", "se (paired)", "se (unpaired)", *[f"searches {k}" for k in kinds]]
-    for header in headers:
-        table.add_column(header, justify="left" if header == "run" else "right")
+    searches = Table(title=f"searches per episode by task kind, {before} → {after}")
+    for header in ("run", *kinds):
+        searches.add_column(header, justify="left" if header == "run" else "right")
     for name, pair in zip(names, pairs):
-        g = stage_gain([pair])
+        reward.add_row(name, *_gain_cells(stage_gain([pair])))
         before_s, after_s = searches_by_kind([pair], "before"), searches_by_kind([pair], "after")
-        moved = [f"{before_s[k]:.2f} → {after_s[k]:.2f}" if k in after_s else "" for k in kinds]
-        cells = [f"{c:.3f}" for c in (g.before, g.after, g.gain, g.se_paired, g.se_unpaired)]
-        table.add_row(name, str(g.n), *cells, *moved)
+        searches.add_row(name, *[f"{before_s[k]:.2f} → {after_s[k]:.2f}" if k in after_s else "" for k in kinds])
+    return Group(reward, searches)
+
+
+def _reward_table(title: str, first: str, before: str, after: str) -> Table:
+    """The reward columns both tables share; headers on two lines keep it narrow."""
+    table = Table(title=title)
+    for header in (first, "n", before, after, "gain", "se\npaired", "se\nunpaired"):
+        table.add_column(header, justify="left" if header == first else "right")
     return table
+
+
+def _gain_cells(g: Gain) -> list[str]:
+    return [str(g.n), *[_number(value) for value in (g.before, g.after, g.gain, g.se_paired, g.se_unpaired)]]
+
+
+def _number(value: float) -> str:
+    return f"{value:.3f}"

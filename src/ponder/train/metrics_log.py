@@ -6,22 +6,22 @@ it); TensorBoard under `run_dir/tb` is a live view of the same numbers.
 Each line is `{"step": int, "time": float (unix seconds), <key>: value, ...}` with
 flat keys whose "/" groups become TensorBoard sections ("reward/em",
 "time/generation_s"). Values are floats; strings are kept in the JSON but not sent
-to TensorBoard. NaN and ±inf are written as JSON `null` because standard JSON has
-no NaN (json.dumps would emit the non-standard `NaN` token that other readers
-reject); `read_metrics` turns `null` back into `float("nan")`, so the sign of an
-infinity is lost — an infinite metric is a bug to look at, not a value to plot.
+to TensorBoard. NaN and ±inf are written as JSON `null` (fileio.dumps_strict)
+because standard JSON has no NaN (json.dumps would emit the non-standard `NaN`
+token that other readers reject); `read_metrics` turns `null` back into
+`float("nan")`, so the sign of an infinity is lost — an infinite metric is a bug
+to look at, not a value to plot.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from ponder.fileio import atomic_path
+from ponder.fileio import atomic_path, dumps_strict
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tb"
@@ -56,8 +56,8 @@ class MetricsLog:
             raise RuntimeError(f"MetricsLog for {self.run_dir} is closed")
         now = time.time()
         values = {key: _clean_value(key, value) for key, value in metrics.items()}
-        record = {"step": int(step), "time": now, **{k: _json_value(v) for k, v in values.items()}}
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        record = {"step": int(step), "time": now, **values}
+        self._file.write(dumps_strict(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
         if self._writer is not None:
@@ -157,12 +157,6 @@ def _clean_value(key: str, value: Any) -> float | str:
             f"metric {key!r} must be a number or a string, got {type(value).__name__}; "
             "flatten nested values into 'group/name' keys"
         ) from error
-
-
-def _json_value(value: float | str) -> float | str | None:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _summary_writer(log_dir: Path, resume_step: int | None) -> Any:

@@ -1,4 +1,9 @@
-"""Learning-curve PNGs from a run's metrics.jsonl (matplotlib, headless).
+"""Learning-curve PNGs from the metrics.jsonl files ponder writes (matplotlib, headless).
+
+Every trainer logs to its own directory's metrics.jsonl: an RL run at its top and
+its SFT warm-up in sft/, a demo in rl/ and sft/, a pipeline in each NN-stage/
+(SFT, DPO or RL). `plot_run` finds all of them and writes each one's figures into
+that directory's plots/ folder.
 
 Which keys each figure reads is fixed here (the *_KEYS constants), so the
 trainer logs exactly these names. A figure whose keys are all absent is not
@@ -24,6 +29,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI machines
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ponder.train.metrics_log import METRICS_FILE, RESERVED_KEYS, read_metrics  # noqa: E402
 
@@ -38,6 +44,34 @@ OPTIM_KEYS = (
     "loss/policy", "loss/value", "optim/grad_norm", "policy/entropy", "policy/kl", "policy/clip_fraction",
     "optim/lr",
 )
+# Reward components that are counts, not rewards (search_cost is the number of
+# searches; penalty/* count offending calls): drawn in a panel of their own, a
+# count of 3 on the reward axis would squash every reward curve into its bottom.
+COUNT_COMPONENTS = ("search_cost",)
+COUNT_PREFIX = "penalty/"
+# Panels of the SFT and DPO trainers' figures: (title, y label, keys drawn together).
+SFT_PANELS = (
+    ("loss", "token NLL", ("sft/loss", "sft/eval_loss")),
+    ("gradient norm", "before clipping", ("sft/grad_norm",)),
+    ("learning rate", "learning rate", ("sft/lr",)),
+    ("tokens", "trained tokens per step", ("sft/tokens",)),
+    ("replay", "replayed examples per step", ("sft/replayed",)),
+    ("EWC penalty", "EWC penalty", ("sft/ewc_penalty",)),
+)
+DPO_PANELS = (
+    ("loss", "preference loss", ("dpo/loss",)),
+    ("implicit reward", "β · log(π / π_ref)", ("dpo/chosen_reward", "dpo/rejected_reward", "dpo/margin")),
+    ("accuracy", "share with chosen > rejected", ("dpo/accuracy",)),
+    ("gradient norm", "before clipping", ("dpo/grad_norm",)),
+    ("learning rate", "learning rate", ("dpo/lr",)),
+)
+SERIES_LABELS = {
+    "sft/loss": "train", "sft/eval_loss": "held-out", "reward/search_cost": "searches (search_cost)",
+    "dpo/chosen_reward": "chosen", "dpo/rejected_reward": "rejected", "dpo/margin": "margin",
+}  # fmt: skip
+# Not searched for metrics.jsonl: ponder's own outputs, never runs.
+SKIPPED_DIRS = ("plots", "tb", "checkpoints")
+SEARCH_DEPTH = 2  # a pipeline's stages and a demo's rl/ and sft/ sit one level down
 # Phases of one step, stacked bottom-up in this order; the rollout engine times
 # model generation and tool/environment calls separately, so they do not overlap.
 TIME_KEYS = ("time/generation_s", "time/env_s", "time/logprob_s", "time/update_s", "time/eval_s")
@@ -67,19 +101,42 @@ DPI = 110
 
 
 def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Write reward.png, eval.png, behaviour.png, kinds.png, optim.png and time.png
-    where data exists (kinds.png: reward and searches per task kind, per step).
+    """Plot every metrics.jsonl in `run_dir` and its subdirectories (up to
+    SEARCH_DEPTH levels down): an RL run, an SFT or DPO stage, a demo, a pipeline.
 
-    `out_dir` defaults to `run_dir/plots`. Returns the paths written, in that order.
+    Each one's figures go to its own plots/ folder, or with `out_dir` to the same
+    relative place under `out_dir`. Returns every path written, directory by
+    directory (see plot_metrics_dir). ValueError when there is nothing to plot.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / METRICS_FILE).exists():
-        raise FileNotFoundError(f"{run_dir}: no {METRICS_FILE} (is this a ponder run directory?)")
-    records = _merge_by_step(read_metrics(run_dir))
-    out = Path(out_dir) if out_dir is not None else run_dir / "plots"
-    out.mkdir(parents=True, exist_ok=True)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such directory")
+    sources = _metrics_dirs(run_dir, SEARCH_DEPTH)
+    if not sources:
+        raise ValueError(
+            f"{run_dir}: nothing to plot (no {METRICS_FILE} in it or its subdirectories; "
+            "give a run, stage, demo or pipeline directory)"
+        )
+    written = []
+    for source in sources:
+        relative = source.relative_to(run_dir)
+        out = Path(out_dir) / relative if out_dir is not None else source / "plots"
+        title = run_dir.name if source == run_dir else f"{run_dir.name}/{relative.as_posix()}"
+        written += plot_metrics_dir(source, out, title)
+    if not written:
+        names = ", ".join(str(source / METRICS_FILE) for source in sources)
+        raise ValueError(f"{run_dir}: nothing to plot (no finite number in {names})")
+    return written
+
+
+def plot_metrics_dir(source: str | os.PathLike[str], out: str | os.PathLike[str], title: str) -> list[Path]:
+    """Write reward.png, eval.png, behaviour.png, kinds.png, optim.png, time.png,
+    sft.png, dpo.png and other.png from `source`/metrics.jsonl into `out`, each only
+    where its data exists (kinds.png: reward and searches per task kind, per step;
+    other.png: numeric metrics no other figure shows). Returns the paths written."""
+    records = _merge_by_step(read_metrics(source))
+    out = Path(out)
     train, evals = _train_records(records), _eval_records(records)
-    title = run_dir.name
     # Built one at a time so that at most one figure is open (they hold memory).
     builders = [
         ("reward.png", lambda: _reward_figure(train, title)),
@@ -89,6 +146,9 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
         ("kinds.png", lambda: _grid_figure(train, _kind_keys(train), f"{title}: per task kind")),
         ("optim.png", lambda: _grid_figure(train, _present(train, OPTIM_KEYS), f"{title}: optimisation")),
         ("time.png", lambda: _time_figure(train, title)),
+        ("sft.png", lambda: _panel_figure(train, SFT_PANELS, f"{title}: supervised fine-tuning")),
+        ("dpo.png", lambda: _panel_figure(train, DPO_PANELS, f"{title}: preference optimisation")),
+        ("other.png", lambda: _grid_figure(train, _present(train, _other_keys(train)), f"{title}: other")),
     ]
     written = []
     for name, build in builders:
@@ -96,6 +156,27 @@ def plot_run(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str] | 
         if figure is not None:
             written.append(_save(figure, out / name))
     return written
+
+
+def _metrics_dirs(directory: Path, depth: int) -> list[Path]:
+    """`directory` if it holds metrics.jsonl, then its subdirectories' (sorted by
+    name, so a pipeline's stages come in run order), `depth` levels down."""
+    found = [directory] if (directory / METRICS_FILE).is_file() else []
+    if depth > 0:
+        children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+        for child in children:
+            if child.name not in SKIPPED_DIRS:
+                found += _metrics_dirs(child, depth - 1)
+    return found
+
+
+def _other_keys(records: list[dict[str, Any]]) -> list[str]:
+    """Logged keys that no figure of plot_metrics_dir draws, sorted."""
+    shown = {*BEHAVIOUR_KEYS, *OPTIM_KEYS, *TIME_KEYS, THROUGHPUT_KEY}
+    shown |= {key for panels in (SFT_PANELS, DPO_PANELS) for _, _, keys in panels for key in keys}
+    prefixes = ("reward/", "kind/", EVAL_PREFIX)
+    keys = {key for record in records for key in record if key not in RESERVED_KEYS}
+    return sorted(key for key in keys - shown if not key.startswith(prefixes))
 
 
 def compare_runs(run_dirs: dict[str, str | os.PathLike[str]], key: str, out: str | os.PathLike[str],
@@ -158,25 +239,74 @@ def plot_stages(results: dict[str, Any], out: str | os.PathLike[str]) -> Path:
 
 
 def _reward_figure(records: list[dict[str, Any]], title: str) -> plt.Figure | None:
-    """Mean reward with a ±std band, and each reward component, on one axes."""
+    """Mean reward with a ±std band and each reward component on one axes; counts
+    among the components (COUNT_COMPONENTS, penalty/*) on a second axes below."""
     reward_keys = {key for record in records for key in record if key.startswith("reward/")}
     components = sorted(reward_keys - {REWARD_MEAN, REWARD_STD})
     keys = _present(records, (REWARD_MEAN, *components))
     if not keys:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    if REWARD_MEAN in keys:
+    counts = [key for key in keys if _is_count(key)]
+    rewards = [key for key in keys if key not in counts]
+    if counts:
+        fig, (ax, count_ax) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1))
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+    if REWARD_MEAN in rewards:
         steps, mean = _series(records, REWARD_MEAN)
         _line(ax, steps, mean, label="mean", color="black", linewidth=2)
         _, std = _series(records, REWARD_STD)
         if np.isfinite(std).any():
             ax.fill_between(steps, mean - std, mean + std, color="black", alpha=0.12, label="±1 std")
-    for key in keys:
+    for key in rewards:
         if key != REWARD_MEAN:
-            _line(ax, *_series(records, key), label=key.removeprefix("reward/"), linestyle="--")
+            _line(ax, *_series(records, key), label=_series_label(key), linestyle="--")
     _label_axes(ax, "reward", title=f"{title}: reward")
-    # Outside the axes: reward curves fill the whole plot area, any corner hides one.
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    axes = [ax]
+    if counts:
+        for key in counts:
+            _line(count_ax, *_series(records, key), label=_series_label(key))
+        _label_axes(count_ax, "count per episode", title="counts in the reward")
+        count_ax.set_ylim(bottom=0)
+        ax.set_xlabel("")  # the shared step axis is labelled once, below
+        axes.append(count_ax)
+    for each in axes:
+        # Outside the axes: reward curves fill the whole plot area, any corner hides one.
+        each.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def _is_count(key: str) -> bool:
+    name = key.removeprefix("reward/")
+    return name in COUNT_COMPONENTS or name.startswith(COUNT_PREFIX)
+
+
+def _series_label(key: str) -> str:
+    return SERIES_LABELS.get(key, key.removeprefix("reward/"))
+
+
+def _panel_figure(
+    records: list[dict[str, Any]], panels: Sequence[tuple[str, str, Sequence[str]]], title: str
+) -> plt.Figure | None:
+    """One subplot per panel that has data (at most three per row), its present
+    keys drawn together with a legend when there are several."""
+    shown = [(name, ylabel, _present(records, keys)) for name, ylabel, keys in panels]
+    shown = [panel for panel in shown if panel[2]]
+    if not shown:
+        return None
+    ncols = min(3, len(shown))
+    nrows = math.ceil(len(shown) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    for ax, (name, ylabel, keys) in zip(axes.flat, shown):
+        for key in keys:
+            _line(ax, *_series(records, key), label=_series_label(key))
+        _label_axes(ax, ylabel, title=name)
+        if len(keys) > 1:
+            ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(shown):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
     fig.tight_layout()
     return fig
 
@@ -251,6 +381,7 @@ def _line(ax: plt.Axes, steps: np.ndarray, values: np.ndarray, **style: Any) -> 
 
 def _label_axes(ax: plt.Axes, ylabel: str, title: str) -> None:
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no step 2.5 on a short run
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -1,0 +1,115 @@
+"""The console tables (`ponder gain`, `ponder eval`, `make demo`) fit in 80 columns,
+the width of a pipe or a CI log, with every cell whole: no line wider, no "…"."""
+
+import io
+
+import pytest
+from rich.console import Console
+
+from ponder.eval.gain import StagePair, gain_table, runs_table
+from ponder.eval.report import metrics_table
+from ponder.train.report import demo_table
+from ponder.types import Trajectory
+
+KINDS = ("in_prompt", "multi_hop", "single_hop")
+NEEDED = {"in_prompt": 0, "multi_hop": 2, "single_hop": 1}
+TIMING = {
+    "eval:oracle": 0.3,
+    "eval:base": 13,
+    "sft": 171,
+    "eval:sft": 26,
+    "rl": 389,
+    "eval:rl": 26,
+    "total": 629,
+}
+
+
+def _render(renderable) -> list[str]:
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def _assert_fits(lines):
+    assert lines, "nothing rendered"
+    too_wide = [line for line in lines if len(line) > 80]
+    assert too_wide == []
+    assert not any("…" in line for line in lines)
+
+
+def _pair(before_searches, after_searches, before_rewards, after_rewards):
+    """Three episodes per kind (one row per KINDS entry, repeated)."""
+    kinds = [kind for kind in KINDS for _ in range(3)]
+
+    def episodes(searches, rewards):
+        return [Trajectory(f"t{i}", [], reward=r, metrics={"searches": float(n)})
+                for i, (n, r) in enumerate(zip(searches, rewards))]  # fmt: skip
+
+    return StagePair(episodes(before_searches, before_rewards), episodes(after_searches, after_rewards),
+                     kinds, [NEEDED[kind] for kind in kinds])  # fmt: skip
+
+
+@pytest.fixture
+def pairs():
+    first = _pair([1, 1, 2, 2, 2, 3, 1, 1, 1], [0, 0, 1, 2, 2, 2, 1, 1, 2],
+                  [0, 1, 0, 1, 1, 0, 1, 0, 1], [1, 1, 0, 1, 1, 1, 1, 0, 1])  # fmt: skip
+    second = _pair([1] * 9, [0, 0, 0, 2, 2, 2, 1, 1, 1], [0.5] * 9, [0.75] * 9)
+    return [first, second]
+
+
+def test_gain_tables_fit_in_80_columns_with_every_value_whole(pairs):
+    lines = _render(gain_table(pairs, "sft", "rl"))
+    _assert_fits(lines)
+    text = "\n".join(lines)
+    # all tasks: before (5/9 + 0.5) / 2, after (7/9 + 0.75) / 2, gain their difference
+    assert "│ all        │ 18 │ 0.528 │ 0.764 │ 0.236 │" in text
+    # in_prompt searches: sft 1, 1, 2 and 1, 1, 1 → 7/6; rl 0, 0, 1 and 0, 0, 0 → 1/6;
+    # shares: sft all searched at least once, one of six twice; rl one of six once
+    assert "│ in_prompt  │ sft   │     1.17 │ 1.00 │ 0.17 │   0.00 │  1.17 │" in text
+    assert "│            │ rl    │     0.17 │ 0.17 │ 0.00 │   0.00 │  0.17 │" in text
+
+
+def test_runs_table_fits_in_80_columns_with_long_run_names(pairs):
+    names = ["runs/d-reinforce-seed-1", "runs/d-reinforce-seed-2"]
+    lines = _render(runs_table(pairs, names, "sft", "rl"))
+    _assert_fits(lines)
+    text = "\n".join(lines)
+    assert "│ runs/d-reinforce-seed-2 │ 9 │ 0.500 │ 0.750 │ 0.250 │" in text
+    assert "│ runs/d-reinforce-seed-2 │ 1.00 → 0.00 │ 1.00 → 2.00 │ 1.00 → 1.00 │" in text
+
+
+def _stage(reward, searches, by_kind):
+    row = {"episodes": 100, "reward": reward, "reward_se": 0.05, "em": reward, "format": 0.91,
+           "searches_per_episode": searches}  # fmt: skip
+    return {**row, "by_kind": {kind: {"searches_per_episode": value} for kind, value in by_kind.items()}}
+
+
+def test_demo_table_fits_in_80_columns_with_one_column_per_stage():
+    results = {
+        "eval_temperature": 1.0,
+        "stages": {
+            "base": _stage(0.0, 0.0, dict.fromkeys(KINDS, 0.0)),
+            "sft": _stage(0.634, 1.27, {"in_prompt": 0.72, "multi_hop": 1.78, "single_hop": 1.45}),
+            "rl": _stage(0.688, 1.13, {"in_prompt": 0.41, "multi_hop": 1.75, "single_hop": 1.41}),
+            "oracle": _stage(1.007, 0.93, {"in_prompt": 0.0, "multi_hop": 2.0, "single_hop": 1.0}),
+        },
+        "timing_s": TIMING,
+    }
+    lines = _render(demo_table(results))
+    _assert_fits(lines)
+    text = "\n".join(lines)
+    assert "before SFT ┃ after SFT ┃ after RL ┃ oracle ┃" in text
+    assert "│ reward              │      0.000 │     0.634 │    0.688 │  1.007 │" in text
+    assert "│ searches in_prompt  │       0.00 │      0.72 │     0.41 │   0.00 │" in text
+    # the timing caption breaks between stages, never inside one ("rl" / "389 s")
+    assert any("rl 389 s" in line for line in lines)
+
+
+def test_metrics_table_fits_in_80_columns():
+    row = {"em": 0.67, "f1": 0.7123, "format": 0.91, "reward": 0.634, "searches_per_episode": 1.27,
+           "turns": 2.31, "generated_tokens": 143.2, "episodes": 100}  # fmt: skip
+    metrics = {**row, "by_kind": {kind: dict(row) for kind in KINDS},
+               "tokens_per_s": 41.3, "generation_s": 120.4, "env_s": 3.2, "wall_s": 130.0}  # fmt: skip
+    lines = _render(metrics_table(metrics, title="smollm2 on 100 held-out tasks"))
+    _assert_fits(lines)
+    assert " single_hop │ 0.670 │ 0.712 │   0.91 │  0.634 │     1.27 │  2.31 │    143 │ 100 " in lines
