@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch
 
 from ponder.config import ContinualConfig, LoraConfig, PipelineRecipe, SFTTrainerConfig, load_recipe
-from ponder.envs import load_search_qa
+from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.eval.agent_metrics import forgetting_metrics
 from ponder.fileio import write_text_atomic
 from ponder.models import apply_lora, load_policy
@@ -71,12 +71,13 @@ def build_families(args: argparse.Namespace, tokenizer_policy) -> list[Family]:
     recipe = load_recipe(args.recipe, overrides, cls=PipelineRecipe)
     data = load_search_qa(recipe.env)
     retriever = build_retriever(recipe.retriever.kind, data.corpus)
+    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, tokenizer_policy.tokenizer)
     families = []
     for kind in ORDER:
         train = [t for t in data.train if t.kind == kind][: args.train_per_family]
         held_out = [t for t in data.eval if t.kind == kind][: args.eval_per_family]
         demos = [
-            build_demonstrations(tasks, "oracle", retriever, tokenizer_policy, recipe)
+            build_demonstrations(tasks, "oracle", factory, tokenizer_policy, recipe)
             for tasks in (train, held_out)
         ]
         families.append(

@@ -192,7 +192,7 @@ def _ponder_trainer(cfg: BenchConfig, aggregation: str | None, dtype: str) -> tu
     policy = load_policy(cfg.model, "float32", "cpu")
     policy.model.to(getattr(torch, dtype))  # float64: the same math with rounding out of the way
     trl_base = copy.deepcopy(policy.model)  # TRL wraps its own copy of the untouched base
-    trainer = RLTrainer(recipe, recipe.train.out, policy=policy)
+    trainer = RLTrainer.from_recipe(recipe, recipe.train.out, policy=policy)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch.no_grad():
         for name, parameter in trainer.policy.model.named_parameters():

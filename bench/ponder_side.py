@@ -17,38 +17,18 @@ from bench.common import LOSS_TYPES, BenchConfig
 from bench.workloads import TOOL_TEMPLATE, EnvFactory, arithmetic_tasks, episode_reward
 from ponder.config import Recipe, load_recipe
 from ponder.models import load_policy
-from ponder.rollout import RolloutEngine
 from ponder.types import Task
 
 
-class InOrderSampler:
-    """Tasks in list order, cycling: TRL's sampler with shuffle_dataset=False does the same."""
+class RecordingReward:
+    """The benchmark's reward, keeping the trajectories it scored in the last step for the report."""
 
-    def __init__(self, tasks: list[Task]) -> None:
-        self.tasks, self.position = tasks, 0
-
-    def next_batch(self, size: int) -> list[Task]:
-        batch = [self.tasks[(self.position + i) % len(self.tasks)] for i in range(size)]
-        self.position += size
-        return batch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = state["position"]
-
-
-class RecordingEngine:
-    """The rollout engine, keeping the last step's trajectories for the report."""
-
-    def __init__(self, engine: RolloutEngine) -> None:
-        self.engine = engine
+    def __init__(self) -> None:
         self.last: list[Any] = []
 
-    def run(self, tasks: list[Task], on_episode_done: Any = None) -> tuple[list[Any], Any]:
-        self.last, stats = self.engine.run(tasks, on_episode_done)
-        return self.last, stats
+    def __call__(self, trajectory: Any, task: Task) -> tuple[float, dict[str, float]]:
+        self.last.append(trajectory)
+        return episode_reward(trajectory, task)
 
 
 def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Recipe:
@@ -96,6 +76,7 @@ def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Reci
         "env.taskgen.n_people=12",
         "env.taskgen.n_train=4",
         "env.taskgen.n_eval=2",
+        "train.shuffle=false",  # tasks in list order, as TRL's shuffle_dataset=False
     ]
     return load_recipe(None, overrides)
 
@@ -104,7 +85,8 @@ class PonderSide:
     """Builds the trainer once; `step()` runs one measured GRPO step."""
 
     def __init__(self, cfg: BenchConfig) -> None:
-        from ponder.train.rl import RLTrainer
+        from ponder.train.rl import RLTrainer, prepare_policy
+        from ponder.wiring import build_backend
 
         self.cfg = cfg
         policy = load_policy(cfg.model, "float32", "cpu")
@@ -115,17 +97,18 @@ class PonderSide:
         longest = max(len(_prompt_ids(policy.tokenizer, factory, t)) for t in self.tasks)
         self.run_dir = tempfile.mkdtemp(prefix="ponder-bench-")
         recipe = bench_recipe(cfg, longest, self.run_dir)
-        self.trainer = RLTrainer(recipe, self.run_dir, policy=policy, reward=episode_reward)
-        self.engine = RecordingEngine(RolloutEngine(self.trainer.backend, factory, recipe.rollout))
-        self.trainer.engine = self.engine  # type: ignore[assignment]
-        self.trainer.sampler = InOrderSampler(self.tasks)  # type: ignore[assignment]
+        policy = prepare_policy(recipe, policy)
+        self.reward = RecordingReward()
+        backend = build_backend(policy, recipe)
+        self.trainer = RLTrainer(policy, factory, self.tasks, self.reward, backend, recipe, self.run_dir)
 
     def step(self) -> dict[str, float]:
+        self.reward.last = []
         tick = time.perf_counter()
         metrics = self.trainer.train_step()
         step_s = time.perf_counter() - tick
         self.trainer.step += 1
-        episodes = self.engine.last
+        episodes = self.reward.last
         tokens = sum(sum(t.loss_mask) for t in episodes)
         accounted = metrics["time/generation_s"] + metrics["time/logprob_s"] + metrics["time/update_s"]
         return {

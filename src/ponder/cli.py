@@ -43,12 +43,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         recipe.model.name = args.model
     if args.episodes is not None:
         recipe.eval.episodes = args.episodes
-    out = claim_run_dir(args.out or recipe.eval.out, args.overwrite)
+    out = claim_run_dir(args.out or recipe.eval.out, args.overwrite, create=False)
     console = Console(stderr=True)
     console.print(f"[bold]ponder eval[/] model={recipe.model.name} recipe={args.recipe or 'defaults'}")
     with item_progress("episodes", recipe.eval.episodes * recipe.rollout.group_size) as advance:
         result = evaluate(recipe, on_episode_done=advance)
-    save_result(result, recipe, out)
+    save_result(result, recipe, claim_run_dir(out, args.overwrite))
     _console().print(metrics_table(result.metrics, title=f"{recipe.model.name} on {len(result.tasks)} held-out tasks"))
     console.print(f"wrote {out / 'trajectories.parquet'} and {out / 'metrics.json'}")
     return 0
@@ -119,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 warm_up(recipe, policy, run_dir / "sft", advance)
     elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
         load_adapter_weights(policy.model, run_dir / "sft")
-    trainer = RLTrainer(recipe, run_dir, policy=policy)
+    trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
     start = trainer.resume() if args.resume else 0
     print(f"ponder train: {recipe.algo.advantage}/{recipe.algo.loss} from step {start} to {recipe.train.steps} in {run_dir}")
     with training_progress(recipe.train.steps, start) as on_step:

@@ -128,8 +128,14 @@ class TaskGenConfig:
 
 @dataclass
 class EnvConfig:
-    """The search-QA environment.
+    """The environment (see ponder.envs.base for the protocol).
 
+    kind: a registered environment (search_qa, math, code, function_calling …) or an
+        import path `module:attribute` to your own builder or environment class.
+    options: keyword options for that environment (each documents its own).
+    train_tasks / eval_tasks: task files (JSONL, Parquet or a saved `datasets`
+        directory) replacing the environment's own tasks; empty = its own.
+    The rest configures search-QA:
     corpus: JSONL file of {"id", "contents"}; empty = the synthetic corpus.
     tasks: JSONL file of tasks ({"id", "question", "answers", ...}); empty =
         synthetic tasks from `taskgen`.
@@ -140,6 +146,10 @@ class EnvConfig:
         and goes on until max_turns.
     """
 
+    kind: str = "search_qa"
+    options: dict[str, Any] = field(default_factory=dict)
+    train_tasks: str = ""
+    eval_tasks: str = ""
     corpus: str = ""
     tasks: str = ""
     max_turns: int = 4
@@ -155,12 +165,20 @@ class RewardConfig:
     em / f1: exact match and token F1 of the final answer against the gold list.
     format: 1 when every action follows the tag protocol and an answer is given.
     search_cost: charged per search call (weight is usually negative).
+    terms: more components, name → weight: a component the environment defines
+        (e.g. math's `correct`), a registered one (ponder.rewards.REWARDS, e.g.
+        `turn_rewards`, the sum of the environment's per-turn rewards) or an import
+        path `module:function` to your own (trajectory, task) -> float | None.
+        A name here also overrides the environment's default weight for it.
+    em, f1, format and search_cost are search-QA's; other environments bring their
+    own components and default weights.
     """
 
     em: float = 1.0
     f1: float = 0.0
     format: float = 0.1
     search_cost: float = -0.05
+    terms: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,6 +295,7 @@ class TrainConfig:
     tasks_per_step: tasks sampled per step (each rolled out rollout.group_size times).
     task_kinds: train only on these task kinds (empty = all).
     stratify: every batch interleaves the task kinds (see ponder.train.sampler).
+    shuffle: false = tasks in list order, cycling (no shuffled epochs).
     seed: seeds python, numpy, torch and sampling.
     eval_every / eval_episodes: held-out evaluation cadence and size (0 = never).
     save_every: checkpoint every N steps (always at the end).
@@ -287,6 +306,7 @@ class TrainConfig:
     tasks_per_step: int = 8
     task_kinds: list = field(default_factory=list)
     stratify: bool = False
+    shuffle: bool = True
     seed: int = 0
     eval_every: int = 0
     eval_episodes: int = 32

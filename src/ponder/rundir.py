@@ -30,12 +30,13 @@ def is_run_dir(path: Path) -> bool:
     return any(is_run_dir(stage) for stage in path.glob("[0-9][0-9]-*") if stage.is_dir())
 
 
-def claim_run_dir(path: str | Path, overwrite: bool = False, can_resume: bool = False) -> Path:
+def claim_run_dir(path: str | Path, overwrite: bool = False, can_resume: bool = False, create: bool = True) -> Path:
     """Make `path` ready for a new run and return it.
 
     Raises RunDirError when it holds anything and overwrite is False (naming
     --resume when the command has it), or when overwrite would delete a folder that
-    is not a ponder run.
+    is not a ponder run. create=False only checks (nothing is removed or made), so
+    a command can refuse before its work and claim the directory after it.
     """
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -49,8 +50,10 @@ def claim_run_dir(path: str | Path, overwrite: bool = False, can_resume: bool = 
             )
         if not is_run_dir(path):
             raise RunDirError(f"{path}: not a ponder run directory; refusing to delete it for --overwrite")
-        shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
+        if create:
+            shutil.rmtree(path)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -7,7 +7,6 @@ import pytest
 
 from bench.common import BenchConfig, emit, median_spread, paired_ratios, parse_record
 from bench.grpo_vs_trl import table
-from bench.ponder_side import InOrderSampler
 from bench.workloads import (
     TOOL_SYSTEM,
     TOOL_TEMPLATE,
@@ -112,8 +111,10 @@ def test_tool_episode_tokens_are_the_chat_templates(tokenizer):
 
 
 def test_in_order_sampler_cycles_through_the_tasks():
+    from ponder.train.sampler import TaskSampler
+
     tasks = arithmetic_tasks("single", 3, seed=0)
-    sampler = InOrderSampler(tasks)
+    sampler = TaskSampler(tasks, seed=5, shuffle=False)
     ids = [t.id for t in sampler.next_batch(2) + sampler.next_batch(2)]
     assert ids == ["add-0", "add-1", "add-2", "add-0"]
 

@@ -5,7 +5,7 @@ import pytest
 
 from ponder.config import load_recipe
 from ponder.data import ChatFormatter, Conversation, TokenizedExample, pack, trajectory_to_conversation
-from ponder.envs import build_messages, load_search_qa
+from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
 from ponder.models import tiny_tokenizer
 from ponder.tools.retrieval import build_retriever
 from ponder.types import ToolSpec
@@ -75,7 +75,8 @@ def test_inline_conversion_gives_back_the_engines_ids_and_mask(tokenizer):
     ][:1]
     policy = tiny_policy()
     demonstrations = build_demonstrations(
-        tasks, "oracle", build_retriever("bm25", data.corpus), policy, recipe
+        tasks, "oracle", SearchQAEnvFactory.from_recipe(recipe, build_retriever("bm25", data.corpus), policy.tokenizer),
+        policy, recipe,
     )
     assert len(demonstrations) == 3
     formatter = ChatFormatter(policy.tokenizer, "inline")

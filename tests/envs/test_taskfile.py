@@ -43,13 +43,14 @@ def test_failed_write_keeps_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["tasks.jsonl"]
 
 
-def test_blank_lines_skipped_unknown_keys_ignored_int_id_kept_as_text(tmp_path):
+def test_blank_lines_skipped_unknown_keys_kept_in_metadata_int_id_kept_as_text(tmp_path):
     path = _write_lines(
         tmp_path, ["", json.dumps({**GOOD, "extra": 1}), "   ", json.dumps({**GOOD, "id": 7})]
     )
     tasks = load_tasks(path)
     assert [t.id for t in tasks] == ["q1", "7"]
-    assert tasks[0] == Task(id="q1", question="Where?", answers=["Paris"])
+    assert tasks[0] == Task(id="q1", question="Where?", answers=["Paris"], metadata={"extra": 1})
+    assert tasks[1] == Task(id="7", question="Where?", answers=["Paris"])
 
 
 @pytest.mark.parametrize(

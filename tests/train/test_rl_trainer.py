@@ -97,7 +97,7 @@ MARGIN = 0.10
 )
 def test_tiny_model_learns_a_trivial_reward(tmp_path, advantage, loss, steps):
     config = recipe(*OVERFIT, f"algo.advantage={advantage}", f"algo.loss={loss}", f"train.steps={steps}")
-    RLTrainer(config, tmp_path, reward=low_id_share).train()
+    RLTrainer.from_recipe(config, tmp_path, reward=low_id_share).train()
     rewards = [r["reward/mean"] for r in read_metrics(tmp_path)]
     assert len(rewards) == steps
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
@@ -125,7 +125,7 @@ def _one_step(micro_batch_size, aggregation, advantage):
         f"algo.aggregation={aggregation}",
         f"algo.advantage={advantage}",
     )
-    trainer = RLTrainer(config, "unused-run-dir", reward=low_id_share)
+    trainer = RLTrainer.from_recipe(config, "unused-run-dir", reward=low_id_share)
     # Cap prompt + response at the longest prompt of this step + 4: its episodes get 4
     # policy tokens, shorter prompts up to 12, so token_mean and seq_mean_token_mean
     # weigh tokens differently.
@@ -178,7 +178,7 @@ def test_no_grad_passes_do_not_depend_on_their_micro_batch_size(reference):
     from ponder.train.update import forward_pass_no_grad
 
     config = recipe(*ACCUMULATION, "algo.advantage=gae", "algo.kl_coef=0.1")
-    trainer = RLTrainer(config, "unused-run-dir", reward=low_id_share)
+    trainer = RLTrainer.from_recipe(config, "unused-run-dir", reward=low_id_share)
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(config.train.tasks_per_step))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id, config.reward.search_cost)
     assert len({int(m.sum()) for m in batch.attention_mask}) > 1  # rows of different lengths
@@ -213,7 +213,7 @@ def resume_recipe(*overrides):
 def straight_run(tmp_path_factory):
     """Four steps without interruption: the reference for every resume test."""
     run_dir = tmp_path_factory.mktemp("straight")
-    RLTrainer(resume_recipe(), run_dir, reward=low_id_share).train()
+    RLTrainer.from_recipe(resume_recipe(), run_dir, reward=low_id_share).train()
     return run_dir
 
 
@@ -250,9 +250,9 @@ def test_logged_lr_is_the_lr_the_step_trained_with(straight_run):
 
 
 def test_resume_after_a_shorter_run_matches_a_straight_run(tmp_path, straight_run):
-    RLTrainer(resume_recipe("train.steps=2"), tmp_path, reward=low_id_share).train()
+    RLTrainer.from_recipe(resume_recipe("train.steps=2"), tmp_path, reward=low_id_share).train()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
-    trainer = RLTrainer(resume_recipe(), tmp_path, reward=low_id_share)
+    trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     _assert_same_as_straight(tmp_path, straight_run)
@@ -267,10 +267,10 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tmp_path, st
             os.kill(os.getpid(), signal.SIGTERM)
         return low_id_share(trajectory, task)
 
-    RLTrainer(resume_recipe(), tmp_path, reward=terminate_during_step_2).train()
+    RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=terminate_during_step_2).train()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     assert load_checkpoint(latest_checkpoint(tmp_path))["trainer"]["step"] == 2
-    trainer = RLTrainer(resume_recipe(), tmp_path, reward=low_id_share)
+    trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     _assert_same_as_straight(tmp_path, straight_run)
@@ -291,7 +291,7 @@ class KilledBeforeStep3Checkpoint(RLTrainer):
             os.kill(os.getpid(), signal.SIGKILL)
         return super().save()
 
-KilledBeforeStep3Checkpoint(tests.resume_recipe(), sys.argv[2], reward=tests.low_id_share).train()
+KilledBeforeStep3Checkpoint.from_recipe(tests.resume_recipe(), sys.argv[2], reward=tests.low_id_share).train()
 """
 
 
@@ -303,7 +303,7 @@ def test_resume_after_sigkill_between_log_and_checkpoint(tmp_path, straight_run)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # step 3 logged, not saved
     assert latest_checkpoint(tmp_path).name == "step-000002"
-    trainer = RLTrainer(resume_recipe(), tmp_path, reward=low_id_share)
+    trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     _assert_same_as_straight(tmp_path, straight_run)  # step 3 once, with the resumed run's values
@@ -319,7 +319,7 @@ def test_nan_reward_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
         calls.append(1)
         return (float("nan"), {}) if len(calls) > 4 else low_id_share(trajectory, task)
 
-    trainer = RLTrainer(recipe(), tmp_path, reward=nan_after_step_1)
+    trainer = RLTrainer.from_recipe(recipe(), tmp_path, reward=nan_after_step_1)
     with pytest.raises(TrainingError, match="NaN"):
         trainer.train()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
@@ -328,7 +328,7 @@ def test_nan_reward_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     state = load_checkpoint(path)
     assert state["trainer"]["step"] == 1
     assert all(torch.isfinite(w).all() for w in saved_weights(path).values())
-    assert RLTrainer(recipe(), tmp_path, reward=low_id_share).resume() == 1
+    assert RLTrainer.from_recipe(recipe(), tmp_path, reward=low_id_share).resume() == 1
 
 
 def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
@@ -338,7 +338,7 @@ def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
         calls.append(1)
         return (None, {}) if len(calls) % 2 else low_id_share(trajectory, task)
 
-    RLTrainer(recipe("train.steps=1"), tmp_path, reward=every_other_unscorable).train()
+    RLTrainer.from_recipe(recipe("train.steps=1"), tmp_path, reward=every_other_unscorable).train()
     (record,) = read_metrics(tmp_path)
     assert len(calls) == 4
     assert math.isfinite(record["loss/policy"]) and math.isfinite(record["optim/grad_norm"])
@@ -359,13 +359,13 @@ def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
 def test_unknown_algorithm_names_list_the_valid_ones(tmp_path, override, message):
     # Checked in the constructor, before the model, data or run directory are touched.
     with pytest.raises(ValueError, match=message):
-        RLTrainer(recipe(override, "train.steps=1"), tmp_path / "run", reward=low_id_share)
+        RLTrainer.from_recipe(recipe(override, "train.steps=1"), tmp_path / "run", reward=low_id_share)
     assert not (tmp_path / "run").exists()
 
 
 def test_full_fine_tuning_with_kl_is_refused(tmp_path):
     with pytest.raises(ValueError, match="kl_coef=0 or lora.enabled=true"):
-        RLTrainer(recipe("lora.enabled=false", "algo.kl_coef=0.1"), tmp_path)
+        RLTrainer.from_recipe(recipe("lora.enabled=false", "algo.kl_coef=0.1"), tmp_path)
 
 
 def test_recipe_typo_fails_in_load_recipe_naming_the_key(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ponder.config import LoraConfig, SFTConfig, load_recipe
-from ponder.envs import load_search_qa
+from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.models import apply_lora, tiny_policy
 from ponder.models.value_head import forward_policy
 from ponder.tools.retrieval import build_retriever
@@ -56,7 +56,8 @@ def tokenizer_policy():
 @pytest.fixture(scope="module")
 def demonstrations(tasks, data, recipe, tokenizer_policy):
     retriever = build_retriever("bm25", data.corpus)
-    return build_demonstrations(tasks, "always_search", retriever, tokenizer_policy, recipe)
+    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, tokenizer_policy.tokenizer)
+    return build_demonstrations(tasks, "always_search", factory, tokenizer_policy, recipe)
 
 
 def test_always_search_inserts_a_search_for_the_question_before_the_oracle_answer(by_kind):
@@ -158,7 +159,8 @@ def test_demonstrations_never_hold_truncated_actions(tasks, data, tokenizer_poli
     # oracle actions, the tiny tokenizer about 100.
     recipe = load_recipe(None, RECIPE + ["rollout.sampling.max_new_tokens_per_turn=96"])
     retriever = build_retriever("bm25", data.corpus)
-    for demo in build_demonstrations(tasks, "always_search", retriever, tokenizer_policy, recipe):
+    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, tokenizer_policy.tokenizer)
+    for demo in build_demonstrations(tasks, "always_search", factory, tokenizer_policy, recipe):
         task = next(t for t in tasks if t.id == demo.task_id)
         assert [turn.action for turn in demo.turns] == demonstration_actions(task, "always_search")
         assert all(turn.error is None for turn in demo.turns)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ponder.config import Recipe
+from ponder.envs.base import EnvContext, EnvSpec, register_env
 from ponder.tools import Tool, ToolRegistry, run_tool_step
 from ponder.tools.parsers import SearchR1Parser
 from ponder.tools.builtin import make_corpus_search_tool
@@ -105,3 +106,20 @@ class SearchQAEnvFactory:
         registry = ToolRegistry([search_tool(self.retriever, self.topk)])
         truncate = token_truncator(self.tokenizer, self.max_obs_tokens) if self.tokenizer is not None else None
         return SearchQAEnv(registry, self.max_turns, truncate, max_invalid_actions=self.max_invalid_actions)
+
+
+@register_env("search_qa")
+def build_search_qa(ctx: EnvContext) -> EnvSpec:
+    """Search-R1-style QA over a corpus: the recipe's env (corpus, tasks, taskgen),
+    retriever and reward weights (em, f1, format, search_cost)."""
+    from ponder.envs.data import load_search_qa
+    from ponder.rewards.composite import SEARCH_QA_COMPONENTS
+    from ponder.tools.retrieval import build_retriever
+
+    recipe = ctx.recipe
+    data = load_search_qa(recipe.env)
+    cfg = recipe.retriever
+    retriever = build_retriever(cfg.kind, data.corpus, cfg.url, cfg.timeout_s, cfg.retries)
+    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, ctx.tokenizer)
+    weights = {name: getattr(recipe.reward, name) for name in SEARCH_QA_COMPONENTS}
+    return EnvSpec(factory, data.train, data.eval, {}, weights)

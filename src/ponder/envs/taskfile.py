@@ -23,9 +23,9 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) ->
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
+def load_tasks(path: str | os.PathLike[str], require_answers: bool = True) -> list[Task]:
     """Read tasks ({"id", "question", "answers", ...} per line); blank lines are skipped.
-    Unknown keys are ignored. Raises TaskFileError for the first bad line."""
+    Unknown keys go into metadata. Raises TaskFileError for the first bad line."""
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8") as handle:
@@ -38,7 +38,7 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
         if not line.strip():
             continue
         where = f"{source}:{number}"
-        task = _parse_task(line, where)
+        task = _parse_task(line, where, require_answers)
         if task.id in first_line_of:
             raise TaskFileError(
                 f"{where}: duplicate task id {task.id!r} (first on line {first_line_of[task.id]})"
@@ -48,11 +48,16 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
     return tasks
 
 
-def _parse_task(line: str, where: str) -> Task:
+def _parse_task(line: str, where: str, require_answers: bool) -> Task:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
         raise TaskFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+    return parse_task_row(row, where, require_answers)
+
+
+def parse_task_row(row: Any, where: str, require_answers: bool = False) -> Task:
+    """One task from a row (dict); TaskFileError naming `where` when it is not one."""
     if not isinstance(row, dict):
         raise TaskFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
     task_id = row.get("id")
@@ -62,11 +67,18 @@ def _parse_task(line: str, where: str) -> Task:
     question = row.get("question")
     if not isinstance(question, str) or not question.strip():
         raise TaskFileError(f"{where}: task {task_id!r} has no 'question'")
-    answers = row.get("answers")
-    if not isinstance(answers, list) or not answers:
+    answers = row.get("answers", [] if not require_answers else None)
+    if not isinstance(answers, list) or (require_answers and not answers):
         raise TaskFileError(f"{where}: task {task_id!r} has no gold answer")
     if not all(isinstance(a, str) and a.strip() for a in answers):
         raise TaskFileError(
             f"{where}: task {task_id!r} has an empty or non-string gold answer in {answers!r}"
         )
-    return Task.from_dict({**row, "id": task_id})
+    metadata = row.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise TaskFileError(f"{where}: task {task_id!r}: 'metadata' must be an object")
+    actions = row.get("oracle_actions") or []
+    if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+        raise TaskFileError(f"{where}: task {task_id!r}: 'oracle_actions' must be a list of strings")
+    extra = {k: v for k, v in row.items() if k not in Task.__dataclass_fields__}
+    return Task.from_dict({**row, "id": task_id, "answers": answers, "metadata": {**extra, **metadata}})

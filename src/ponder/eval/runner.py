@@ -1,4 +1,4 @@
-"""Evaluate a policy on held-out search-QA tasks: roll out, score, summarise, save."""
+"""Evaluate a policy on the held-out tasks of any environment: roll out, score, summarise, save."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from typing import Any, Callable
 import yaml
 
 from ponder.config import Recipe, to_dict
-from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.eval.metrics import summarise
 from ponder.fileio import write_text_atomic
 from ponder.models import Policy, load_policy
-from ponder.rewards import CompositeReward, score_trajectories
-from ponder.rollout import GenerationBackend, HFBackend, RolloutEngine, RolloutStats, ScriptedBackend
-from ponder.tools.retrieval import build_retriever
+from ponder.rewards import score_trajectories
+from ponder.rollout import GenerationBackend, RolloutEngine, RolloutStats, ScriptedBackend
 from ponder.types import Task, Trajectory, save_trajectories
+from ponder.wiring import build_backend, build_env, build_reward
 
 
 class EvalInputError(ValueError):
@@ -46,33 +45,29 @@ def evaluate(
     before any episode runs. on_ready(n_episodes) is called once loading is done.
     oracle=True replays each task's oracle actions instead of sampling: the ceiling.
     """
-    data = load_search_qa(recipe.env)
-    if not data.eval:
-        raise EvalInputError("no evaluation tasks: the task file or taskgen.n_eval gives none")
     if recipe.eval.episodes < 1:
         raise EvalInputError(f"eval.episodes must be at least 1, got {recipe.eval.episodes}")
     if recipe.eval.batch_size < 0:
         raise EvalInputError(f"eval.batch_size must be >= 0 (0 = rollout.batch_size), got {recipe.eval.batch_size}")
-    tasks = data.eval[: recipe.eval.episodes]
-    retriever_cfg = recipe.retriever
-    retriever = build_retriever(
-        retriever_cfg.kind, data.corpus, retriever_cfg.url, retriever_cfg.timeout_s, retriever_cfg.retries
-    )
     if policy is None:
         policy = load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
-    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, policy.tokenizer)
+    spec = build_env(recipe, policy.tokenizer)
+    if not spec.eval:
+        raise EvalInputError(f"env.kind '{recipe.env.kind}': no evaluation tasks (the task file or generator gives none)")
+    tasks = spec.eval[: recipe.eval.episodes]
+    factory = spec.factory
     backend: GenerationBackend = (
         ScriptedBackend(policy.tokenizer, {t.id: t.oracle_actions for t in tasks})
         if oracle
-        else HFBackend(policy, replace(recipe.rollout.sampling, temperature=recipe.eval.temperature),
-                       seed=recipe.rollout.seed)
-    )
+        else build_backend(policy, recipe, replace(recipe.rollout.sampling, temperature=recipe.eval.temperature),
+                           seed=recipe.rollout.seed)
+    )  # fmt: skip
     engine = RolloutEngine(backend, factory, recipe.rollout)
     if on_ready is not None:
         on_ready(len(tasks) * recipe.rollout.group_size)
     trajectories, stats = engine.run(tasks, on_episode_done)
     tasks_by_id = {task.id: task for task in tasks}
-    score_trajectories(trajectories, tasks_by_id, CompositeReward.from_config(recipe.reward))
+    score_trajectories(trajectories, tasks_by_id, build_reward(recipe, spec))
     metrics = summarise(trajectories, tasks_by_id)
     metrics.update(
         {

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
+import math
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -13,29 +14,58 @@ from ponder.types import Task, Trajectory
 
 RewardFn = Callable[[Trajectory, Task], float | None]
 
+
+
+def turn_rewards_total(trajectory: Trajectory, task: Task) -> float | None:
+    """The sum of the per-turn rewards the environment gave (None when it gave none)."""
+    given = [t.reward for t in trajectory.turns if t.reward is not None]
+    return float(sum(given)) if given else None
+
+
 REWARDS: dict[str, RewardFn] = {
     "em": exact_match,
     "f1": token_f1,
     "format": format_compliance,
     "search_cost": search_calls,
+    "turn_rewards": turn_rewards_total,
 }
+SEARCH_QA_COMPONENTS = ("em", "f1", "format", "search_cost")
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: make a (trajectory, task) -> float | None callable a reward component."""
+
+    def add(fn: RewardFn) -> RewardFn:
+        REWARDS[name] = fn
+        return fn
+
+    return add
+
+
+class RewardError(ValueError):
+    """A reward component returned something that is not a finite number or None."""
 
 
 class CompositeReward:
     """total = sum(weight x component). A component with a nonzero weight that
     returns None makes the whole episode unscorable (total None), because a partial
-    sum would silently mean something different from the configured reward."""
+    sum would silently mean something different from the configured reward.
 
-    def __init__(self, weights: Mapping[str, float]):
-        unknown = sorted(name for name in weights if name not in REWARDS)
-        if unknown:
-            raise ValueError(f"unknown reward component(s) {unknown}; valid: {', '.join(sorted(REWARDS))}")
+    Components are looked up in `components` (an environment's own), then in the
+    registry REWARDS, then as import paths `module:function`."""
+
+    def __init__(self, weights: Mapping[str, float], components: Mapping[str, RewardFn] | None = None):
+        self.components = {name: _component(name, components or {}) for name in weights}
         self.weights = {name: float(weight) for name, weight in weights.items()}
 
     @classmethod
-    def from_config(cls, cfg: Any) -> CompositeReward:
-        """Weights from a RewardConfig: each field name is a component name."""
-        return cls({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    def from_config(
+        cls, cfg: Any, components: Mapping[str, RewardFn] | None = None, defaults: Mapping[str, float] | None = None
+    ) -> CompositeReward:
+        """Weights from a RewardConfig: `defaults` (an environment's; search-QA's four
+        fields when None) updated by cfg.terms."""
+        base = dict(defaults) if defaults is not None else {n: getattr(cfg, n) for n in SEARCH_QA_COMPONENTS}
+        return cls({**base, **dict(cfg.terms)}, components)
 
     def __call__(self, trajectory: Trajectory, task: Task) -> tuple[float | None, dict[str, float]]:
         """(total, {component name: raw component value}); zero-weight components are
@@ -43,7 +73,11 @@ class CompositeReward:
         total: float | None = 0.0
         breakdown: dict[str, float] = {}
         for name, weight in self.weights.items():
-            value = REWARDS[name](trajectory, task)
+            value = self.components[name](trajectory, task)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            ):
+                raise RewardError(f"reward '{name}' returned {value!r} for task {task.id} (want a finite number or None)")
             if value is None:
                 if weight != 0.0:
                     total = None
@@ -55,6 +89,22 @@ class CompositeReward:
 
     def __repr__(self) -> str:
         return f"CompositeReward({self.weights!r})"
+
+
+def _component(name: str, components: Mapping[str, RewardFn]) -> RewardFn:
+    if name in components:
+        return components[name]
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" in name:
+        from ponder.plugins import import_object
+
+        fn = import_object(name, "reward")
+        if not callable(fn):
+            raise ValueError(f"reward '{name}': not callable")
+        return fn
+    valid = sorted({*components, *REWARDS})
+    raise ValueError(f"unknown reward component(s) ['{name}']; valid: {', '.join(valid)}, or 'module:function'")
 
 
 def score_trajectories(

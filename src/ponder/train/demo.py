@@ -74,7 +74,7 @@ def run_demo(
     if recipe.train.steps > 0:
         stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy))
         held_out("rl")
-        plot_run(run_dir / "rl")
+        plot_run(run_dir)  # the RL and SFT curves, each in its stage's plots/
     results["timing_s"]["total"] = time.perf_counter() - started
     plot_stages(results, run_dir / "stages.png")
     write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
@@ -144,4 +144,4 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
 
 def _train_rl(recipe: Recipe, run_dir: Path, policy: Any) -> None:
     with training_progress(recipe.train.steps) as on_step:
-        RLTrainer(recipe, run_dir, policy=policy).train(on_step)
+        RLTrainer.from_recipe(recipe, run_dir, policy=policy).train(on_step)

@@ -34,13 +34,13 @@ from ponder.data import (
     successful_conversations,
     write_jsonl,
 )
-from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
+from ponder.envs import build_messages
+from ponder.envs.base import EnvSpec
 from ponder.eval.agent_metrics import agent_metrics
 from ponder.fileio import write_text_atomic
 from ponder.models import Policy, apply_lora, load_policy
 from ponder.rewards import format_compliance
 from ponder.rewards.agent import AgentReward
-from ponder.tools.retrieval import build_retriever
 from ponder.models.adapters import load_adapter_weights, save_trained
 from ponder.train.progress import item_progress
 from ponder.train.continual import EWCState, ReservoirBuffer
@@ -49,6 +49,7 @@ from ponder.train.selection import select_coreset
 from ponder.train.sft import build_demonstrations
 from ponder.train.sft_trainer import SFTInputs, SFTTrainer
 from ponder.types import ToolSpec
+from ponder.wiring import build_env
 
 STAGES = ("warmup", "sft", "dpo", "rl", "eval")
 TRAINING_STAGES = ("warmup", "sft", "dpo", "rl")
@@ -62,26 +63,28 @@ SEARCH_TOOL = ToolSpec(
 
 @dataclass
 class Context:
-    """What every stage reads: the recipe, the data, the retriever, a printer."""
+    """What every stage reads: the recipe, its environment (ponder.wiring), a printer."""
 
     recipe: PipelineRecipe
     out: Path
     say: Callable[[str], None] = print
-    data: Any = None
-    retriever: Any = None
+    env: EnvSpec | None = None
     stage_results: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.data = load_search_qa(self.recipe.env)
-        self.retriever = build_retriever(
-            self.recipe.retriever.kind, self.data.corpus, self.recipe.retriever.url
-        )
+    def spec(self, policy: Policy) -> EnvSpec:
+        """The environment, built once (every stage's policy shares one tokenizer)."""
+        if self.env is None:
+            self.env = build_env(self.recipe, policy.tokenizer)
+        return self.env
+
+    def train_tasks(self, policy: Policy) -> list:
+        return self.spec(policy).train
 
     def agent_reward(self) -> AgentReward:
         return AgentReward.from_config(self.recipe.agent_reward, format_compliance)
 
-    def factory(self, policy: Policy) -> SearchQAEnvFactory:
-        return SearchQAEnvFactory.from_recipe(self.recipe, self.retriever, policy.tokenizer)
+    def factory(self, policy: Policy) -> Callable[[], Any]:
+        return self.spec(policy).factory
 
 
 def check_pipeline(recipe: PipelineRecipe) -> None:
@@ -231,19 +234,20 @@ def evaluate_stage(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, A
     return metrics
 
 
-def _train_tasks(ctx: Context, count: int, seed: int) -> list:
+def _train_tasks(ctx: Context, policy: Policy, count: int, seed: int) -> list:
     from ponder.train.sampler import TaskSampler
 
-    return TaskSampler(ctx.data.train, seed, stratify=True).next_batch(min(count, len(ctx.data.train)))
+    tasks = ctx.train_tasks(policy)
+    return TaskSampler(tasks, seed, stratify=True).next_batch(min(count, len(tasks)))
 
 
 def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     """The demonstration warm-up (section `sft`) with the SFT trainer's loop."""
     recipe = ctx.recipe
     kinds = set(recipe.sft.task_kinds)
-    tasks = [t for t in ctx.data.train if not kinds or t.kind in kinds][: recipe.sft.examples]
+    tasks = [t for t in ctx.train_tasks(policy) if not kinds or t.kind in kinds][: recipe.sft.examples]
     demos = build_demonstrations(
-        tasks, recipe.sft.behaviour, ctx.retriever, policy, recipe, recipe.sft.oracle_fraction
+        tasks, recipe.sft.behaviour, ctx.factory(policy), policy, recipe, recipe.sft.oracle_fraction
     )
     examples = [trajectory_example(t) for t in demos]
     # TRL's conversational format; a later stage's replay buffer / EWC data
@@ -272,9 +276,9 @@ def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExam
         conversations, load = load_conversations(recipe.data.sft_path, recipe.data.max_examples)
         report: dict[str, Any] = {"source": recipe.data.sft_path, "load": load.to_dict()}
     else:
-        tasks = _train_tasks(ctx, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
+        tasks = _train_tasks(ctx, policy, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
         sft = recipe.sft
-        demos = build_demonstrations(tasks, sft.behaviour, ctx.retriever, policy, recipe, sft.oracle_fraction)
+        demos = build_demonstrations(tasks, sft.behaviour, ctx.factory(policy), policy, recipe, sft.oracle_fraction)
         conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, [SEARCH_TOOL])
         source = f"{sft.behaviour} demonstrations ({sft.oracle_fraction:.0%} oracle)"
         report = {"source": source, "load": {"read": len(tasks), "kept": len(conversations)}}
@@ -378,7 +382,7 @@ def _preference_rows(ctx: Context, policy: Policy) -> tuple[list[PreferencePair]
         backend = HFBackend(policy, rollout.sampling, seed=recipe.train.seed)
         return RolloutEngine(backend, ctx.factory(policy), replace(rollout, group_size=samples))
 
-    tasks = _train_tasks(ctx, recipe.dpo.prompts, recipe.train.seed + 2)
+    tasks = _train_tasks(ctx, policy, recipe.dpo.prompts, recipe.train.seed + 2)
     sampled, report = sample_preferences(policy, tasks, engine_for, ctx.agent_reward(), recipe.dpo)
     by_id = {t.id: t for t in tasks}
     rows = [
@@ -400,7 +404,7 @@ def run_rl(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     """The RL trainer (any registered estimator) with the agent reward, resumable."""
     from ponder.train.rl import RLTrainer
 
-    trainer = RLTrainer(ctx.recipe, stage_dir, policy=policy, reward=ctx.agent_reward())
+    trainer = RLTrainer.from_recipe(ctx.recipe, stage_dir, policy=policy, reward=ctx.agent_reward())
     start = trainer.resume()
     _train_with_progress(trainer, "RL steps", ctx.recipe.train.steps)
     return {"resumed_from": start, "steps": trainer.step}

@@ -32,12 +32,10 @@ from ponder.algos import (
     kl_penalty_rewards,
 )
 from ponder.config import Recipe
-from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.models import Policy, apply_lora, load_policy
 from ponder.models.value_head import ValueHead
-from ponder.rewards import CompositeReward, score_trajectories
-from ponder.rollout import HFBackend, RolloutEngine
-from ponder.tools.retrieval import build_retriever
+from ponder.rewards import score_trajectories
+from ponder.rollout import RolloutEngine
 from ponder.train.batch import collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -47,14 +45,17 @@ from ponder.train.rl_metrics import episode_metrics
 from ponder.train.sampler import TaskSampler
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.update import TrainingError, forward_pass_no_grad, optimise
+from ponder.types import Task
 
 
 def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
-    """Load the policy and make its trainable part: LoRA adapters, or every weight."""
+    """Load the policy and make its trainable part: LoRA adapters (initialised from
+    train.seed, so two runs of a recipe start from the same weights), or every weight."""
     policy = policy or load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
     if hasattr(policy.model, "peft_config"):  # already adapted (e.g. by the SFT warm-up)
         return policy
     if recipe.lora.enabled:
+        torch.manual_seed(recipe.train.seed)
         return apply_lora(policy, recipe.lora)
     if recipe.algo.kl_coef > 0:
         raise ValueError("full fine-tuning keeps no reference copy: set algo.kl_coef=0 or lora.enabled=true")
@@ -66,26 +67,22 @@ def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
 class RLTrainer:
     """Holds everything one run needs; `train()` is the loop.
 
-    `reward` overrides the recipe's composite reward: any callable
-    (trajectory, task) -> (total | None, breakdown dict), like CompositeReward.
+    It takes its parts: the policy (trainable), a factory of fresh environments,
+    the training tasks, the reward (any callable (trajectory, task) -> (total |
+    None, breakdown dict), like CompositeReward), the generation backend, and the
+    recipe's settings. `from_recipe` builds them all from a recipe (ponder.wiring).
     """
 
     def __init__(
-        self, recipe: Recipe, run_dir: str | Path, policy: Policy | None = None, reward: Callable[..., Any] | None = None
-    ) -> None:
+        self, policy: Policy, env_factory: Callable[[], Any], tasks: list[Task], reward: Callable[..., Any],
+        backend: Any, recipe: Recipe, run_dir: str | Path,
+    ) -> None:  # fmt: skip
         self.recipe, self.run_dir = recipe, Path(run_dir)
-        check_recipe(recipe)  # fail on a typo before any model or data loads
+        check_recipe(recipe)
         cfg = recipe.train
-        _seed_everything(cfg.seed)
-        data = load_search_qa(recipe.env)
-        kinds = set(cfg.task_kinds)
-        self.sampler = TaskSampler([t for t in data.train if not kinds or t.kind in kinds], cfg.seed, cfg.stratify)
-        self.policy = prepare_policy(recipe, policy)
-        retriever = build_retriever(recipe.retriever.kind, data.corpus, recipe.retriever.url)
-        factory = SearchQAEnvFactory.from_recipe(recipe, retriever, self.policy.tokenizer)
-        self.backend = HFBackend(self.policy, recipe.rollout.sampling, seed=cfg.seed)
-        self.engine = RolloutEngine(self.backend, factory, recipe.rollout)
-        self.reward: Any = reward or CompositeReward.from_config(recipe.reward)
+        self.sampler = TaskSampler(tasks, cfg.seed, cfg.stratify, cfg.shuffle)
+        self.policy, self.backend, self.reward = policy, backend, reward
+        self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
         hidden = self.policy.model.config.hidden_size
         self.value_head = ValueHead(hidden).to(self.policy.device) if recipe.algo.advantage == "gae" else None
         self.optimizer, self.scheduler = build_optimizer(self._trainable(), recipe.optim, self._total_updates())
@@ -98,6 +95,21 @@ class RLTrainer:
         self.advantage_state: dict[str, Any] = {}
         self.step = 0
         self.stop_requested = False
+
+    @classmethod
+    def from_recipe(
+        cls, recipe: Recipe, run_dir: str | Path, policy: Policy | None = None, reward: Callable[..., Any] | None = None
+    ) -> RLTrainer:
+        """Every part from the recipe; `policy` and `reward` replace the recipe's."""
+        from ponder.wiring import build_backend, build_env, build_reward, train_tasks
+
+        check_recipe(recipe)  # fail on a typo before any model or data loads
+        _seed_everything(recipe.train.seed)
+        policy = prepare_policy(recipe, policy)
+        spec = build_env(recipe, policy.tokenizer)
+        reward = reward or build_reward(recipe, spec)
+        backend = build_backend(policy, recipe)
+        return cls(policy, spec.factory, train_tasks(recipe, spec), reward, backend, recipe, run_dir)
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> Path:
         """Run until train.steps; returns the run directory. SIGINT/SIGTERM stop cleanly

@@ -15,20 +15,24 @@ class TaskSampler:
     so every batch of at least as many tasks as kinds holds every kind: a step's
     update then never sees only one kind's lesson (e.g. "skip the search") with
     nothing from the kinds where that lesson is wrong.
+    shuffle=False: the tasks in list order, cycling (TRL's shuffle_dataset=False).
     """
 
-    def __init__(self, tasks: list[Task], seed: int, stratify: bool = False) -> None:
+    def __init__(self, tasks: list[Task], seed: int, stratify: bool = False, shuffle: bool = True) -> None:
         if not tasks:
             raise ValueError("no training tasks to sample from (check train.task_kinds and env.taskgen.n_train)")
         self.tasks = tasks
         self.seed = seed
         self.stratify = stratify
+        self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
         self._order = self._permutation()
 
     def _permutation(self) -> list[int]:
         rng = random.Random(self.seed * 1_000_003 + self.epoch)
+        if not self.shuffle:
+            return list(range(len(self.tasks)))
         if not self.stratify:
             order = list(range(len(self.tasks)))
             rng.shuffle(order)

@@ -8,16 +8,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from ponder.config import OptimConfig, Recipe, SFTConfig
-from ponder.envs import SearchQAEnvFactory
 from ponder.models import Policy
 from ponder.models.value_head import forward_policy
 from ponder.rollout import RolloutEngine, ScriptedBackend
-from ponder.tools.retrieval import Retriever
 from ponder.train.batch import collate
 from ponder.train.optim import build_optimizer
 from ponder.types import Task, Trajectory
@@ -58,12 +56,16 @@ def demonstration_scripts(tasks: list[Task], behaviour: str, oracle_fraction: fl
 
 
 def build_demonstrations(
-    tasks: list[Task], behaviour: str, retriever: Retriever, policy: Policy, recipe: Recipe,
+    tasks: list[Task], behaviour: str, env_factory: Callable[[], Any], policy: Policy, recipe: Recipe,
     oracle_fraction: float = 0.0,
 ) -> list[Trajectory]:  # fmt: skip
-    """Replay each task's demonstration through the environment into Trajectory records."""
+    """Replay each task's demonstration through the environment into Trajectory records:
+    the task's reference solution (`oracle_actions`, from its environment's solver),
+    or for search-QA one of the sub-optimal teachers of `demonstration_actions`."""
+    if behaviour != "oracle" and recipe.env.kind != "search_qa":
+        raise ValueError(f"sft.behaviour '{behaviour}' is search-QA's; env.kind '{recipe.env.kind}' takes 'oracle'")
     scripts = demonstration_scripts(tasks, behaviour, oracle_fraction, recipe.train.seed)
-    factory = SearchQAEnvFactory.from_recipe(recipe, retriever, policy.tokenizer)
+    factory = env_factory
     # Demonstrations are replayed whole: the sampling caps bound what the policy may
     # generate, not what it should learn; a cut action would teach a broken protocol.
     sampling = replace(recipe.rollout.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
@@ -129,17 +131,15 @@ def warm_up(
     """The recipe's SFT stage: demonstrations of sft.task_kinds, then sft_train (logged
     in log_dir; on_step(step, metrics) after each step too); the trained weights are
     saved in log_dir (models.adapters)."""
-    from ponder.envs import load_search_qa
     from ponder.models.adapters import save_trained
-    from ponder.tools.retrieval import build_retriever
     from ponder.train.metrics_log import MetricsLog
+    from ponder.wiring import build_env
 
-    data = load_search_qa(recipe.env)
+    spec = build_env(recipe, policy.tokenizer)
     kinds = set(recipe.sft.task_kinds)
-    tasks = [t for t in data.train if not kinds or t.kind in kinds][: recipe.sft.examples]
-    retriever = build_retriever(recipe.retriever.kind, data.corpus, recipe.retriever.url)
+    tasks = [t for t in spec.train if not kinds or t.kind in kinds][: recipe.sft.examples]
     demonstrations = build_demonstrations(
-        tasks, recipe.sft.behaviour, retriever, policy, recipe, recipe.sft.oracle_fraction
+        tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction
     )
     with MetricsLog(log_dir, tensorboard=False) as log:
 

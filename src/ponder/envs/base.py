@@ -1,0 +1,188 @@
+"""The environment protocol, the environment registry and task files.
+
+An environment is one episode of a multi-turn, text-and-tool interaction:
+
+    env = factory()                       # a fresh environment per episode
+    opening = env.reset(task)             # Opening(messages, tools) — or a bare message list
+    observation, done, info = env.step(action_text)
+
+- `reset(task)` gives the opening chat messages (system rules, the question) and
+  the tools the episode may call (`ToolSpec`s; shown to the policy by the env's own
+  prompt, and recorded).
+- `step(action)` gets the policy's action text and gives the observation to append
+  (None when there is nothing to show), whether the episode ended, and an info dict
+  that may carry `turn` (a `Turn` record: tool calls, results, the answer, errors —
+  the engine makes a plain one when absent), `reward` (a per-turn reward, e.g. a
+  test-run score or a step cost) and `stop_reason` (`answer`, `max_turns` …).
+- `stop_strings`: texts at which generation of one action stops (a closing tag).
+
+An environment that raises in `step` ends that episode (stop reason `env_error`,
+the error text in the turn) and never the run.
+
+Environments are built by **builders** registered by name: `builder(ctx)` gets an
+`EnvContext` (the recipe's `env.options`, the tokenizer, the whole recipe) and
+returns an `EnvSpec`: the per-episode factory, the train and eval tasks, and the
+environment's own reward. A recipe names one by registered name (`env.kind:
+search_qa`) or by import path (`env.kind: my_package.my_env:build` — a builder, or
+an environment class whose constructor takes the options as keywords; tasks then
+come from `env.train_tasks` / `env.eval_tasks`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ponder.plugins import import_object
+from ponder.types import Task, ToolSpec, Trajectory
+
+RewardFn = Callable[[Trajectory, Task], Any]
+
+
+@dataclass
+class Opening:
+    """What `reset` gives: the opening messages and the tools the episode may call."""
+
+    messages: list[dict[str, Any]]
+    tools: list[ToolSpec] = field(default_factory=list)
+
+
+@runtime_checkable
+class Env(Protocol):
+    stop_strings: list[str]
+
+    def reset(self, task: Task) -> Opening | list[dict[str, Any]]: ...
+
+    def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]: ...
+
+
+def opening_of(value: Opening | list[dict[str, Any]]) -> Opening:
+    """`reset`'s result as an Opening (a bare list of messages offers no tools)."""
+    return value if isinstance(value, Opening) else Opening(list(value))
+
+
+@dataclass
+class EnvContext:
+    """What a builder may use: options (the recipe's env.options), the policy's
+    tokenizer (to cut observations to a token budget), and the whole recipe."""
+
+    options: dict[str, Any]
+    tokenizer: Any = None
+    recipe: Any = None
+
+
+@dataclass
+class EnvSpec:
+    """A built environment: a factory of fresh episodes, task splits, and the
+    reward components it defines (name → callable (trajectory, task) -> float | None)
+    with their default weights."""
+
+    factory: Callable[[], Env]
+    train: list[Task]
+    eval: list[Task]
+    rewards: dict[str, RewardFn] = field(default_factory=dict)
+    reward_weights: dict[str, float] = field(default_factory=dict)
+
+
+EnvBuilder = Callable[[EnvContext], EnvSpec]
+ENVS: dict[str, EnvBuilder] = {}
+
+
+def register_env(name: str) -> Callable[[EnvBuilder], EnvBuilder]:
+    """Decorator: make `builder` available to recipes as `env.kind: name`."""
+
+    def add(builder: EnvBuilder) -> EnvBuilder:
+        ENVS[name] = builder
+        return builder
+
+    return add
+
+
+def resolve_env(kind: str) -> EnvBuilder:
+    """The builder a recipe's env.kind names (registered name or import path)."""
+    _load_builtin_envs()
+    if kind in ENVS:
+        return ENVS[kind]
+    if ":" not in kind:
+        raise ValueError(f"env.kind: unknown '{kind}'; registered: {', '.join(sorted(ENVS))}, or 'module:attribute'")
+    target = import_object(kind, "env.kind")
+    if isinstance(target, type):
+        return _class_builder(target)
+    if not callable(target):
+        raise ValueError(f"env.kind '{kind}': not a builder function or an environment class")
+    return target
+
+
+def _class_builder(cls: type) -> EnvBuilder:
+    """A builder for an environment class: options are its keyword arguments, tasks come from files."""
+
+    def build(ctx: EnvContext) -> EnvSpec:
+        env_cfg = ctx.recipe.env if ctx.recipe is not None else None
+        train = load_tasks_from(env_cfg.train_tasks) if env_cfg is not None and env_cfg.train_tasks else []
+        evaluation = load_tasks_from(env_cfg.eval_tasks) if env_cfg is not None and env_cfg.eval_tasks else []
+        if not train and not evaluation:
+            raise ValueError(f"env.kind {cls.__name__}: give env.train_tasks and/or env.eval_tasks (JSONL, Parquet "
+                             "or a saved datasets directory)")  # fmt: skip
+        rewards = getattr(cls, "rewards", {}) or {}
+        weights = getattr(cls, "reward_weights", {}) or {}
+        return EnvSpec(lambda: cls(**ctx.options), train, evaluation, dict(rewards), dict(weights))
+
+    return build
+
+
+def _load_builtin_envs() -> None:
+    """Importing the environment modules registers them."""
+    for module in BUILTIN_ENV_MODULES:
+        importlib.import_module(module)
+
+
+# Modules whose import registers ponder's own environments.
+BUILTIN_ENV_MODULES: list[str] = ["ponder.envs.search_qa"]
+
+
+def load_tasks_from(source: str | os.PathLike[str]) -> list[Task]:
+    """Tasks from a JSONL file, a Parquet file or a saved `datasets` directory.
+
+    Schema: `id` (non-empty), `question` (non-empty text), and optionally `answers`
+    (list of strings), `kind`, `context`, `oracle_actions` (list of strings),
+    `metadata` (object); other columns go into metadata. A bad row raises
+    TaskFileError naming the file and row."""
+    from ponder.envs.taskfile import TaskFileError, parse_task_row
+
+    path = Path(source)
+    if path.suffix == ".jsonl" or path.suffix == ".json":
+        from ponder.envs.taskfile import load_tasks
+
+        return load_tasks(path)
+    try:
+        if path.is_dir():
+            from datasets import load_from_disk
+
+            rows = list(load_from_disk(str(path)))
+        elif path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        else:
+            raise TaskFileError(f"{path}: unknown task file type (use .jsonl, .parquet or a datasets directory)")
+    except (OSError, ValueError) as err:
+        if isinstance(err, TaskFileError):
+            raise
+        raise TaskFileError(f"{path}: cannot read tasks ({str(err).splitlines()[0]})") from None
+    return [parse_task_row(_decoded(row), f"{path}:row {index}") for index, row in enumerate(rows, start=1)]
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    """Parquet and datasets columns hold nested values as JSON text at times (metadata)."""
+    out = dict(row)
+    if isinstance(out.get("metadata"), str):
+        try:
+            out["metadata"] = json.loads(out["metadata"])
+        except json.JSONDecodeError:
+            pass
+    return out

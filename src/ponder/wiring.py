@@ -1,0 +1,50 @@
+"""The one place a recipe becomes parts: environment (factory and tasks), reward,
+policy and generation backend. `train`, `eval`, `demo`, `pipeline` and the
+benchmarks all build their parts here; the trainers take parts and never read a
+task file, build a retriever or name an environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ponder.config import Recipe, SamplingConfig
+from ponder.envs.base import EnvContext, EnvSpec, load_tasks_from, resolve_env
+from ponder.models import Policy
+from ponder.rewards import CompositeReward
+from ponder.rollout import HFBackend
+
+
+def build_env(recipe: Recipe, tokenizer: Any = None) -> EnvSpec:
+    """The recipe's environment: its builder's factory and tasks, with env.train_tasks /
+    env.eval_tasks (JSONL, Parquet or a datasets directory) replacing its own tasks."""
+    builder = resolve_env(recipe.env.kind)
+    spec = builder(EnvContext(dict(recipe.env.options), tokenizer, recipe))
+    if not isinstance(spec, EnvSpec):
+        raise ValueError(f"env.kind '{recipe.env.kind}': the builder returned {type(spec).__name__}, not an EnvSpec")
+    if recipe.env.train_tasks:
+        spec = replace(spec, train=load_tasks_from(recipe.env.train_tasks))
+    if recipe.env.eval_tasks:
+        spec = replace(spec, eval=load_tasks_from(recipe.env.eval_tasks))
+    return spec
+
+
+def build_reward(recipe: Recipe, spec: EnvSpec) -> CompositeReward:
+    """The environment's reward components at their default weights, updated by the recipe."""
+    return CompositeReward.from_config(recipe.reward, spec.rewards, spec.reward_weights)
+
+
+def train_tasks(recipe: Recipe, spec: EnvSpec) -> list:
+    """The training tasks, restricted to train.task_kinds when it names any."""
+    kinds = set(recipe.train.task_kinds)
+    tasks = [t for t in spec.train if not kinds or t.kind in kinds]
+    if not tasks:
+        raise ValueError(f"env.kind '{recipe.env.kind}': no training tasks (train.task_kinds={sorted(kinds)})")
+    return tasks
+
+
+def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | None = None, seed: int | None = None) -> HFBackend:
+    """The generation backend for `policy` (ponder's CPU decoder or transformers)."""
+    sampling = sampling or recipe.rollout.sampling
+    return HFBackend(policy, sampling, seed=recipe.train.seed if seed is None else seed)
