@@ -130,6 +130,8 @@ class Turn:
     # Names of the tools shown to the policy this turn when tools were retrieved per turn
     # (empty: every tool was shown), so RL with retrieval in the loop knows what was offered.
     offered_tools: list[str] = field(default_factory=list)
+    # The environment's reward for this turn (info["reward"] of its step), if it gives one.
+    reward: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -249,6 +251,7 @@ def _parquet_schema():  # pyarrow is imported lazily: plain-data users need not 
             ("n_action_tokens", pa.int64()),
             ("n_observation_tokens", pa.int64()),
             ("offered_tools", pa.list_(pa.string())),
+            ("reward", pa.float64()),
         ]
     )
     named_value = pa.struct([("key", pa.string()), ("value", pa.float64())])

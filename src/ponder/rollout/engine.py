@@ -14,19 +14,12 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 from ponder.config import RolloutConfig
+from ponder.envs.base import Env, opening_of
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest
 from ponder.types import Task, Trajectory, Turn
-
-
-class Env(Protocol):
-    stop_strings: list[str]
-
-    def reset(self, task: Task) -> list[dict[str, str]]: ...
-
-    def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]: ...
 
 
 @dataclass
@@ -96,8 +89,8 @@ class RolloutEngine:
 
     def _new_episode(self, task: Task, sample: int) -> _Episode:
         env = self.env_factory()
-        messages = env.reset(task)
-        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        opening = opening_of(env.reset(task))
+        prompt = self.tokenizer.apply_chat_template(opening.messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         trajectory = Trajectory(task_id=task.id, prompt_ids=prompt_ids, group_id=task.id)
         return _Episode(f"{task.id}#{sample}", task, env, trajectory, list(prompt_ids))
@@ -131,8 +124,16 @@ class RolloutEngine:
         """Append the action and the environment's answer; True when the episode ended."""
         trajectory = episode.trajectory
         _extend(episode, generation.token_ids, generation.logprobs, policy_generated=True)
-        observation, done, info = episode.env.step(generation.text)
-        turn: Turn = info["turn"]
+        index = len(trajectory.turns)
+        try:
+            observation, done, info = episode.env.step(generation.text)
+        except Exception as err:  # noqa: BLE001 - a broken environment ends its episode, never the run
+            observation, done = None, True
+            info = {"turn": Turn(index, generation.text, error=f"env error: {type(err).__name__}: {err}"),
+                    "stop_reason": "env_error"}  # fmt: skip
+        turn: Turn = info.get("turn") or Turn(index, generation.text)
+        if info.get("reward") is not None:
+            turn.reward = float(info["reward"])
         turn.n_action_tokens = len(generation.token_ids)
         trajectory.turns.append(turn)
         if done:

@@ -60,9 +60,13 @@ class TokenBatch:
 
 
 def turn_rewards(trajectory: Trajectory, search_weight: float) -> list[float]:
-    """Split the episode reward over turns: each search's cost at its own turn, the
-    rest (outcome, format) at the last turn. The turn rewards sum to the reward."""
-    costs = [search_weight * sum(c.name == "search" for c in t.tool_calls) for t in trajectory.turns]
+    """Split the episode reward over turns: the environment's per-turn rewards where
+    it gave them (Turn.reward), else each search's cost at its own turn; the rest
+    (outcome, format) at the last turn. The turn rewards sum to the reward."""
+    if any(t.reward is not None for t in trajectory.turns):
+        costs = [t.reward or 0.0 for t in trajectory.turns]
+    else:
+        costs = [search_weight * sum(c.name == "search" for c in t.tool_calls) for t in trajectory.turns]
     if not costs:
         return []
     total = trajectory.reward if trajectory.reward is not None else float("nan")
