@@ -216,7 +216,6 @@ def _add_reuse_flags(parser: argparse.ArgumentParser, resume: str) -> None:
 
 
 def cmd_gain(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from ponder.eval.gain import gain_table, load_stage_pair, runs_table
 

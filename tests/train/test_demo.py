@@ -12,6 +12,7 @@ from ponder.eval import EvalInputError, evaluate, held_out_recipe
 from ponder.eval.gain import (
     StagePair, load_stage_pair, paired_gain, runs_table, search_split, searches_by_kind, stage_gain,
 )
+from ponder.fileio import dumps_strict
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint
 from ponder.train.demo import run_demo
@@ -55,7 +56,7 @@ def test_demo_writes_every_stage_and_the_sft_weights(first):
     out, results = first
     assert set(results["stages"]) == {"oracle", "base", "sft", "rl"}
     assert results["stages"]["oracle"]["em"] == 1.0
-    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert json.loads((out / "results.json").read_text()) == json.loads(dumps_strict(results))  # strict JSON: NaN -> null
     weights = saved_weights(out / "sft")  # PEFT's layout: adapter_config.json + adapter_model.safetensors
     assert weights and all("lora_" in name for name in weights)
     assert (out / "sft" / "adapter_config.json").is_file()
@@ -68,8 +69,8 @@ def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
     # group_size is RL-only (evaluation samples one episode per task), so it may differ
     overrides = ["optim.lr=0", "optim.weight_decay=0", "algo.advantage=rloo", "rollout.group_size=3"]
     again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "rloo", say=lambda _: None, sft_from=out)
-    for stage in ("oracle", "base", "sft"):  # compared as JSON text: NaN standard errors are equal there
-        assert json.dumps(again["stages"][stage], sort_keys=True) == json.dumps(results["stages"][stage], sort_keys=True)
+    for stage in ("oracle", "base", "sft"):  # compared as strict JSON: NaN standard errors are null there
+        assert dumps_strict(again["stages"][stage], sort_keys=True) == dumps_strict(results["stages"][stage], sort_keys=True)
         # the reused trajectories are copied, so `ponder gain` can pair them with RL's
         assert (tmp_path / "rloo" / f"eval-{stage}.parquet").read_bytes() == (out / f"eval-{stage}.parquet").read_bytes()
     assert "sft" not in again["timing_s"] and "eval:base" not in again["timing_s"]

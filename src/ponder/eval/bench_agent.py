@@ -20,7 +20,6 @@ Shares carry 95% Wilson intervals.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ponder.eval.passk import pass_at_k_with_ci, wilson_interval
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.rewards.qa import exact_match_score, f1_score
 
 
@@ -152,7 +151,7 @@ def write_report(conditions: dict[str, dict[str, Any]], samples: dict[str, list[
     out.mkdir(parents=True, exist_ok=True)
     data = {"header": header, "metrics": conditions,
             "samples": {name: [asdict(s) for s in group] for name, group in samples.items()}}
-    write_text_atomic(out / "results.json", json.dumps(data, indent=1, default=str))
+    write_json_atomic(out / "results.json", data, indent=1, sort_keys=False, default=str)
     write_text_atomic(out / "results.md", f"{header}\n\n{markdown_table(conditions, ks)}\n")
     return [out / "results.json", out / "results.md", plot_success(conditions, out / "success.png")]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -11,7 +10,7 @@ import yaml
 
 from ponder.config import Recipe, to_dict
 from ponder.eval.metrics import summarise
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.models import Policy, load_policy
 from ponder.rewards import score_trajectories
 from ponder.rollout import GenerationBackend, RolloutEngine, RolloutStats, ScriptedBackend
@@ -96,5 +95,5 @@ def save_result(result: EvalResult, recipe: Recipe, out_dir: str | Path) -> None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_trajectories(result.trajectories, out / "trajectories.parquet")
-    write_text_atomic(out / "metrics.json", json.dumps(result.metrics, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(out / "metrics.json", result.metrics)
     write_text_atomic(out / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))

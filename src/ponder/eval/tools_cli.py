@@ -7,7 +7,6 @@ tools/retrieval/ and eval/bench_agent.py.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ def _data(args: argparse.Namespace) -> Any:
 
 def cmd_tools_train(args: argparse.Namespace) -> int:
     from ponder.eval.tool_retrieval import cross_validated_fusion, training_examples, tune_fusion
-    from ponder.fileio import write_text_atomic
+    from ponder.fileio import write_json_atomic
     from ponder.tools.retrieval.finetune import ContrastiveConfig, save_encoder, train_encoder
     from ponder.tools.retrieval.toolindex import FUSION_FILE
 
@@ -63,7 +62,7 @@ def cmd_tools_train(args: argparse.Namespace) -> int:
     if data.validation:
         fusion = tune_fusion(data, model)
     if fusion is not None:
-        write_text_atomic(out / FUSION_FILE, json.dumps(fusion, indent=2))
+        write_json_atomic(out / FUSION_FILE, fusion, sort_keys=False)
         for row in fusion["sweep"]:
             print(f"validation: {row['method']}, dense weight {row['dense_weight']:g}: recall@5 "
                   f"{row['recall@5']:.3f} MRR {row['mrr']:.3f}", file=sys.stderr)
@@ -88,8 +87,9 @@ def cmd_tools_eval(args: argparse.Namespace) -> int:
                                fusion=fusion)
     print(retrieval_markdown(rows))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"data": data.describe(), "rows": rows}, indent=2))
+        from ponder.fileio import write_json_atomic
+
+        write_json_atomic(args.out, {"data": data.describe(), "rows": rows}, sort_keys=False)
     return 0
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic
 from ponder.models.loading import ModelLoadError, Policy, load_policy
 
 MANIFEST = "ponder.json"
@@ -66,7 +66,7 @@ def save_trained(policy: Policy, directory: str | os.PathLike[str]) -> Path:
         "base_model": policy.base or policy.name,
         "stack": [os.path.relpath(Path(p).resolve(), directory.resolve()) for p in policy.stack],
     }
-    write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    write_json_atomic(directory / MANIFEST, manifest)
     return directory
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from ponder.config import Recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe
-from ponder.fileio import atomic_path, write_text_atomic
+from ponder.fileio import atomic_path, write_json_atomic, write_text_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.train.plot import plot_run, plot_stages
 from ponder.train.progress import item_progress, training_progress
@@ -77,7 +77,7 @@ def run_demo(
         plot_run(run_dir)  # the RL and SFT curves, each in its stage's plots/
     results["timing_s"]["total"] = time.perf_counter() - started
     plot_stages(results, run_dir / "stages.png")
-    write_text_atomic(run_dir / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(run_dir / "results.json", results)
     return results
 
 

@@ -37,7 +37,7 @@ from ponder.data import (
 from ponder.envs import build_messages
 from ponder.envs.base import EnvSpec
 from ponder.eval.agent_metrics import agent_metrics
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.models import Policy, apply_lora, load_policy
 from ponder.rewards import format_compliance
 from ponder.rewards.agent import AgentReward
@@ -140,7 +140,7 @@ def run_pipeline(
             tick = time.perf_counter()
             policy, report = _run_stage(name, ctx, policy, stage_dir)
             report["wall_s"] = time.perf_counter() - tick
-            write_text_atomic(done, json.dumps(report, indent=2, sort_keys=True, default=float) + "\n")
+            write_json_atomic(done, report, default=float)
         if "eval" in report:
             ctx.stage_results.append((name.replace("eval-", ""), report["eval"]))
     return ctx.stage_results
@@ -171,9 +171,7 @@ def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tupl
     if name == "eval":
         table = stage_table_markdown(ctx.stage_results)
         write_text_atomic(stage_dir / "table.md", table)
-        write_text_atomic(
-            ctx.out / "results.json", json.dumps(ctx.stage_results, indent=2, default=float) + "\n"
-        )
+        write_json_atomic(ctx.out / "results.json", ctx.stage_results, sort_keys=False, default=float)
         return policy, {"table": table}
     torch.manual_seed(ctx.recipe.train.seed)  # the same fresh adapters when an interrupted stage restarts
     trainable = fresh_trainable(policy, ctx.recipe)
@@ -357,7 +355,7 @@ def run_dpo(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
         report = json.loads(report_file.read_text())
     else:
         rows, report = _preference_rows(ctx, policy)
-        write_text_atomic(report_file, json.dumps(report, indent=2, default=float) + "\n")
+        write_json_atomic(report_file, report, default=float)
         write_jsonl(pairs_file, rows)  # last: its presence means both files are complete
     # a sampled pair is re-tokenised exactly as it was generated (inline style)
     style = recipe.data.tool_style if recipe.data.preference_path else "inline"

@@ -226,7 +226,7 @@ def plot_stages(results: dict[str, Any], out: str | os.PathLike[str]) -> Path:
         for i, name in enumerate(stages):
             rows = [results["stages"][name]["by_kind"].get(kind, {}) for kind in kinds]
             values = [row.get(metric, float("nan")) for row in rows]
-            errors = np.nan_to_num([row.get("reward_se", 0.0) for row in rows]) if metric == "reward" else None
+            errors = np.nan_to_num([row.get("reward_se") or 0.0 for row in rows]) if metric == "reward" else None
             positions = np.arange(len(kinds)) + (i - (len(stages) - 1) / 2) * width
             ax.bar(positions, values, width, yerr=errors, capsize=2, label=STAGE_LABELS[name])
         ax.set_xticks(np.arange(len(kinds)), kinds)

@@ -9,7 +9,6 @@ copy of the positive would count as a negative of itself.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -18,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic
 from ponder.tools.retrieval.toolindex import load_tool_encoder
 
 logger = logging.getLogger(__name__)
@@ -184,5 +183,5 @@ def save_encoder(model: Any, out: str | Path, result: TrainResult, config: Contr
     directory.mkdir(parents=True, exist_ok=True)
     model.save(str(directory))
     log = {"config": asdict(config), **asdict(result), **extra}
-    write_text_atomic(directory / "train_log.json", json.dumps(log, indent=2))
+    write_json_atomic(directory / "train_log.json", log, sort_keys=False)
     return directory

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import numpy as np
 
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.tools.retrieval.bm25 import BM25Retriever
 from ponder.tools.retrieval.corpus import Document, Hit
 from ponder.tools.retrieval.dense import DenseRetriever, encoder_path
@@ -257,7 +257,7 @@ class ToolIndex:
         if self.dense is not None:
             np.save(out / "embeddings.npy", self.embeddings())
             meta["encoder"] = {"fingerprint": encoder_fingerprint(self.model), "path": _model_source(self.model)}
-        write_text_atomic(out / "meta.json", json.dumps(meta, indent=2))
+        write_json_atomic(out / "meta.json", meta, sort_keys=False)
         return out
 
     @classmethod
