@@ -68,6 +68,14 @@ def test_pipeline_runs_skips_and_resumes(tmp_path, preference_file):
     assert sft_report["selection"]["kept"] == 2 and sft_report["last"]["sft/replayed"] == 1.0
     assert sft_report["last"]["sft/ewc_penalty"] >= 0.0 and "sft/eval_loss" in sft_report["last"]
     assert "| dpo |" in (tmp_path / "04-eval" / "table.md").read_text()
+    # the warm-up's examples and the DPO pairs are data others can read: TRL's formats
+    import datasets
+
+    examples = datasets.load_dataset("json", data_files=str(tmp_path / "01-warmup" / "examples.jsonl"))["train"]
+    assert examples[0]["messages"][0]["role"] == "system" and examples[0]["messages"][-1]["role"] == "assistant"
+    pairs = datasets.load_dataset("json", data_files=str(tmp_path / "03-dpo" / "pairs.jsonl"))["train"]
+    assert {"prompt", "chosen", "rejected"} <= set(pairs.column_names) and len(pairs) > 0
+    assert not list(tmp_path.glob("*/*.pt"))  # no pickles besides checkpoints' resume state
     uninterrupted = saved_weights(tmp_path / "02-sft")
 
     # Re-run: every stage is skipped.
