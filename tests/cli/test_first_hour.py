@@ -140,3 +140,16 @@ def test_shipped_recipes_resolve_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert load_recipe("recipes/demo.yaml").eval.episodes == 100
     assert load_recipe("search_qa_grpo.yaml").algo.advantage == "grpo"
+
+
+def test_no_library_progress_bars_or_warnings(run, tmp_path):
+    import subprocess
+    import sys
+
+    assert main(["export", str(run), "--out", str(tmp_path / "hf"), "--merge"]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "ponder.cli", "eval", "--model", str(tmp_path / "hf"), "--episodes", "1",
+               "--out", str(tmp_path / "e"), *TINY[8:11]]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-1000:]
+    assert "Loading weights" not in done.stderr and "Warning" not in done.stderr, done.stderr[-1000:]
