@@ -203,7 +203,7 @@ def _ponder_trainer(cfg: BenchConfig, aggregation: str | None, dtype: str) -> tu
 
 def _ponder_batch(trainer: Any, cfg: BenchConfig, seed: int) -> tuple[Any, torch.Tensor]:
     """The fixed batch as ponder's TokenBatch, with old/ref logprobs and advantages set."""
-    from ponder.models.value_head import forward_policy
+    from ponder.models.forward import forward_policy
     from ponder.train.batch import collate
     from ponder.train.update import forward_pass_no_grad
     from ponder.types import Trajectory
@@ -266,7 +266,7 @@ def _copy_adapters(source_model: Any, target_model: Any) -> None:
 
 def _ponder_loss_and_grads(trainer: Any, batch: Any) -> tuple[float, dict[str, torch.Tensor], torch.Tensor]:
     from ponder.algos import aggregation_denominator
-    from ponder.models.value_head import forward_policy
+    from ponder.models.forward import forward_policy
     from ponder.train.update import _micro_batch_loss  # the trainer's own objective, nothing re-implemented
 
     model = trainer.policy.model

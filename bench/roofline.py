@@ -106,7 +106,7 @@ def training_throughput(policy: Any, batch: int, length: int, reps: int) -> dict
     """Tokens per second of ponder's update pass (forward_policy + backward) under LoRA."""
     from ponder.config import LoraConfig
     from ponder.models import apply_lora
-    from ponder.models.value_head import forward_policy
+    from ponder.models.forward import forward_policy
 
     model = apply_lora(policy, LoraConfig(r=16, alpha=32)).model
     model.train()

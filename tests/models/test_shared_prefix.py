@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import ponder.models.value_head as value_head
+import ponder.models.forward as forward
 from ponder.models import tiny_policy
-from ponder.models.value_head import forward_policy, common_prefix_length
+from ponder.models.forward import common_prefix_length, forward_policy
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def right_padded(rows: list[list[int]], prompt: int):
 
 
 def logprobs_and_grads(policy, input_ids, attention_mask, loss_mask, minimum, monkeypatch):
-    monkeypatch.setattr(value_head, "MIN_SHARED_PREFIX", minimum)
+    monkeypatch.setattr(forward, "MIN_SHARED_PREFIX", minimum)
     calls = []
     hook = policy.model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape),
                                                   with_kwargs=True)

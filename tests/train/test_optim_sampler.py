@@ -128,3 +128,25 @@ def test_stratified_batches_hold_every_kind_until_a_kind_runs_out():
     resumed = TaskSampler(tasks, seed=0, stratify=True)
     resumed.load_state_dict(state)
     assert _ids(resumed.next_batch(7)) == _ids(sampler.next_batch(7))
+
+
+def test_shared_optimizer_step_clips_and_refuses_a_nan_gradient():
+    from ponder.train.optim import NonFiniteError, optimizer_step
+
+    weight = torch.nn.Parameter(torch.tensor([1.0, 1.0]))
+    optimizer, scheduler = build_optimizer([weight], OptimConfig(lr=0.1, weight_decay=0.0), 10)
+    weight.grad = torch.tensor([3.0, 4.0])  # norm 5, clipped to 1
+    norm, lr = optimizer_step([weight], optimizer, scheduler, 1.0)
+    assert (norm, lr) == (5.0, 0.1)
+    assert weight.grad is None and not torch.equal(weight.detach(), torch.tensor([1.0, 1.0]))
+    before = weight.detach().clone()
+    weight.grad = torch.tensor([float("nan"), 1.0])
+    with pytest.raises(NonFiniteError):
+        optimizer_step([weight], optimizer, scheduler, 1.0)
+    assert torch.equal(weight.detach(), before) and weight.grad is None  # nothing applied, gradient dropped
+
+
+def test_unshuffled_sampler_takes_the_tasks_in_order():
+    tasks = [Task(str(i), "q", ["a"]) for i in range(3)]
+    sampler = TaskSampler(tasks, seed=1, shuffle=False)
+    assert [t.id for t in sampler.next_batch(4)] == ["0", "1", "2", "0"]

@@ -7,7 +7,7 @@ import torch
 from ponder.config import LoraConfig, SFTConfig, load_recipe
 from ponder.envs import SearchQAEnvFactory, load_search_qa
 from ponder.models import apply_lora, tiny_policy
-from ponder.models.value_head import forward_policy
+from ponder.models.forward import forward_policy
 from ponder.tools.retrieval import build_retriever
 from ponder.train.batch import collate
 from ponder.train.rl import check_recipe

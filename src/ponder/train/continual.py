@@ -12,7 +12,7 @@ import torch
 
 from ponder.algos.dpo import ewc_penalty
 from ponder.data.format import TokenizedExample
-from ponder.models.value_head import forward_policy
+from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
 
 T = TypeVar("T")

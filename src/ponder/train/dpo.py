@@ -19,11 +19,11 @@ from ponder.algos.dpo import PREFERENCE_LOSSES, PreferenceLossConfig, dpo_loss, 
 from ponder.config import DPOConfig, OptimConfig
 from ponder.data.format import TokenizedExample
 from ponder.models.logprobs import adapters_disabled
-from ponder.models.value_head import forward_policy
+from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
 from ponder.train.metrics_log import MetricsLog
-from ponder.train.optim import build_optimizer
+from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 
 MAX_GRAD_NORM = 1.0
@@ -190,14 +190,10 @@ class DPOTrainer:
             sums["loss"] += float(losses.detach().sum())
             for name, values in stats.items():
                 sums[name] += float(values.sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, lr = optimizer_step(self.params, self.optimizer, self.scheduler, MAX_GRAD_NORM)
         metrics = {f"dpo/{name}": value / len(indices) for name, value in sums.items()}
         metrics["dpo/margin"] = metrics["dpo/chosen_reward"] - metrics["dpo/rejected_reward"]
-        metrics.update({"dpo/grad_norm": float(grad_norm), "dpo/lr": lr})
+        metrics.update({"dpo/grad_norm": grad_norm, "dpo/lr": lr})
         return metrics
 
     def save(self) -> Path:

@@ -35,3 +35,26 @@ def build_optimizer(
         optimizer, lambda step: lr_factor(step, config.warmup_steps, total_steps, config.schedule)
     )
     return optimizer, scheduler
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or gradient is NaN or infinite; nothing was applied to the weights."""
+
+
+def optimizer_step(
+    params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_grad_norm: float | None,
+) -> tuple[float, float]:  # fmt: skip
+    """The one optimizer step SFT, DPO and RL share: clip the accumulated gradients
+    (max_grad_norm None or 0 = no clipping), refuse a NaN / infinite gradient (the
+    gradients are dropped and NonFiniteError raised, the weights untouched), step the
+    optimizer and the LR schedule. Returns (gradient norm before clipping, the LR used)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError("gradient norm is NaN or infinite")
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm), lr

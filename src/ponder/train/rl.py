@@ -44,7 +44,8 @@ from ponder.train.optim import build_optimizer
 from ponder.train.rl_metrics import episode_metrics
 from ponder.train.sampler import TaskSampler
 from ponder.train.sft import BEHAVIOURS
-from ponder.train.update import TrainingError, forward_pass_no_grad, optimise
+from ponder.train.optim import NonFiniteError
+from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise
 from ponder.types import Task
 
 
@@ -166,7 +167,10 @@ class RLTrainer:
         advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
         tick = time.perf_counter()
-        update = optimise(self, batch, advantages, returns)
+        try:
+            update = optimise(self.update_inputs(), batch, advantages, returns)
+        except NonFiniteError as err:
+            raise TrainingError(f"step {self.step + 1}: {err}; stopped, last good checkpoint kept in {self.run_dir}") from None
         update_s = time.perf_counter() - tick
         if "policy/kl" in update:
             self.kl.update(update["policy/kl"], len(trajectories))
@@ -184,6 +188,14 @@ class RLTrainer:
             }
         )
         return metrics
+
+    def update_inputs(self) -> UpdateInputs:
+        """What the update reads besides the batch (ponder.train.update.optimise)."""
+        recipe = self.recipe
+        return UpdateInputs(
+            self.policy, self.value_head, recipe.algo, self.loss_config(), recipe.rollout.sampling.temperature,
+            self.kl.coef, self._trainable(), self.optimizer, self.scheduler, recipe.optim.max_grad_norm,
+        )  # fmt: skip
 
     def loss_config(self) -> LossConfig:
         algo = self.recipe.algo

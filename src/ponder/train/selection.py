@@ -19,7 +19,7 @@ import torch
 
 from ponder.data.format import TokenizedExample
 from ponder.data.records import Conversation
-from ponder.models.value_head import forward_policy
+from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
 
 STRATEGIES = ("none", "random", "loss_topk", "diversity", "hybrid")

@@ -10,14 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 
 from ponder.config import OptimConfig, Recipe, SFTConfig
 from ponder.models import Policy
-from ponder.models.value_head import forward_policy
+from ponder.models.forward import forward_policy
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.batch import collate
-from ponder.train.optim import build_optimizer
+from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 
 BEHAVIOURS = ("oracle", "always_search", "search_once")
@@ -102,12 +101,8 @@ def sft_train(
             loss = -(logprobs * part.loss_mask).sum() / tokens  # exact token mean across micro-batches
             loss.backward()
             total += float(loss.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        lr = scheduler.get_last_lr()[0]  # the LR this step trained with
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        metrics = {"sft/loss": total, "sft/grad_norm": float(grad_norm), "sft/lr": lr}
+        grad_norm, lr = optimizer_step(params, optimizer, scheduler, 1.0)
+        metrics = {"sft/loss": total, "sft/grad_norm": grad_norm, "sft/lr": lr}
         history.append(metrics)
         if on_step is not None:
             on_step(step + 1, metrics)

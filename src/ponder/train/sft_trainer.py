@@ -16,12 +16,12 @@ import torch
 
 from ponder.config import OptimConfig, SFTTrainerConfig
 from ponder.data.format import TokenizedExample, pack
-from ponder.models.value_head import forward_policy
+from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
 from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
 from ponder.train.metrics_log import MetricsLog
-from ponder.train.optim import build_optimizer
+from ponder.train.optim import build_optimizer, optimizer_step
 
 MAX_GRAD_NORM = 1.0
 
@@ -151,12 +151,8 @@ class SFTTrainer:
             if term.requires_grad:
                 term.backward()
             penalty = float(term.detach())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"sft/loss": loss, "sft/ewc_penalty": penalty, "sft/grad_norm": float(grad_norm), "sft/lr": lr,
+        grad_norm, lr = optimizer_step(self.params, self.optimizer, self.scheduler, MAX_GRAD_NORM)
+        return {"sft/loss": loss, "sft/ewc_penalty": penalty, "sft/grad_norm": grad_norm, "sft/lr": lr,
                 "sft/replayed": float(replayed), "sft/tokens": tokens}  # fmt: skip
 
     def eval_loss(self) -> float:

@@ -10,18 +10,46 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ponder.algos import aggregate, aggregation_denominator, entropy_bonus, kl_estimate, policy_loss, value_loss
+from ponder.algos import (
+    LossConfig,
+    aggregate,
+    aggregation_denominator,
+    entropy_bonus,
+    kl_estimate,
+    policy_loss,
+    value_loss,
+)
 from ponder.algos.utils import masked_mean
+from ponder.config import AlgoConfig
 from ponder.models import Policy, adapters_disabled
-from ponder.models.value_head import ValueHead, forward_policy
+from ponder.models.forward import forward_policy
+from ponder.models.value_head import ValueHead
 from ponder.train.batch import TokenBatch
+from ponder.train.optim import NonFiniteError, optimizer_step
 
-if TYPE_CHECKING:
-    from ponder.train.rl import RLTrainer
+
+@dataclass
+class UpdateInputs:
+    """Everything an RL update reads besides the batch: the policy (and value head),
+    the algorithm's settings, the loss config, the sampling temperature the
+    log-probs are taken at, the KL coefficient now, and the optimizer with its
+    schedule, parameters and clipping norm."""
+
+    policy: Policy
+    value_head: ValueHead | None
+    algo: AlgoConfig
+    loss: LossConfig
+    temperature: float
+    kl_coef: float
+    params: list[torch.nn.Parameter]
+    optimizer: Any
+    scheduler: Any
+    max_grad_norm: float | None
 
 
 @torch.no_grad()
@@ -47,9 +75,10 @@ def forward_pass_no_grad(
     return out
 
 
-def optimise(trainer: RLTrainer, batch: TokenBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
-    """algo.epochs passes over the batch in shuffled mini-batches; averaged metrics."""
-    algo = trainer.recipe.algo
+def optimise(inputs: UpdateInputs, batch: TokenBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+    """algo.epochs passes over the batch in shuffled mini-batches; averaged metrics.
+    Raises NonFiniteError (weights untouched by that mini-batch) on a NaN loss or gradient."""
+    algo = inputs.algo
     batch.advantages, batch.returns = advantages, returns
     size = algo.mini_batch_size or len(batch)
     totals: dict[str, float] = defaultdict(float)
@@ -58,17 +87,17 @@ def optimise(trainer: RLTrainer, batch: TokenBatch, advantages: torch.Tensor, re
         order = list(range(len(batch)))
         random.shuffle(order)  # python RNG: seeded and checkpointed with the run
         for start in range(0, len(order), size):
-            for key, value in _mini_batch_step(trainer, batch.select(order[start : start + size])).items():
+            for key, value in _mini_batch_step(inputs, batch.select(order[start : start + size])).items():
                 totals[key] += value
             updates += 1
     return {key: value / updates for key, value in totals.items()}
 
 
-def _mini_batch_step(trainer: RLTrainer, mini: TokenBatch) -> dict[str, float]:
-    """Accumulate gradients over micro-batches, clip, step optimizer and scheduler."""
-    algo, loss_cfg = trainer.recipe.algo, trainer.loss_config()
-    denominator = aggregation_denominator(algo.aggregation, mini.loss_mask, loss_cfg)
-    trainer.policy.model.train()
+def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]:
+    """Accumulate gradients over micro-batches, then the shared optimizer step."""
+    algo = inputs.algo
+    denominator = aggregation_denominator(algo.aggregation, mini.loss_mask, inputs.loss)
+    inputs.policy.model.train()
     stats: dict[str, float] = defaultdict(float)
     tokens = float(mini.loss_mask.sum())
     # Micro-batches of similar lengths pad less; the accumulated gradient is the same.
@@ -79,31 +108,24 @@ def _mini_batch_step(trainer: RLTrainer, mini: TokenBatch) -> dict[str, float]:
     rows = sorted(range(len(mini)), key=lambda i: lengths[i])
     for start in range(0, len(rows), algo.micro_batch_size):
         part = mini.select(rows[start : start + algo.micro_batch_size])
-        loss, part_stats = _micro_batch_loss(trainer, part, denominator)
+        loss, part_stats = _micro_batch_loss(inputs, part, denominator)
         if not torch.isfinite(loss):
-            raise _training_error(trainer, "loss is NaN or infinite")
+            inputs.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError("loss is NaN or infinite")
         loss.backward()
         weight = float(part.loss_mask.sum()) / max(tokens, 1.0)
         for key, value in part_stats.items():
             stats[key] += value * weight
-    max_norm = trainer.recipe.optim.max_grad_norm or float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainer._trainable(), max_norm)
-    if not torch.isfinite(grad_norm):
-        trainer.optimizer.zero_grad(set_to_none=True)
-        raise _training_error(trainer, "gradient norm is NaN or infinite")
-    trainer.optimizer.step()
-    trainer.scheduler.step()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    stats["optim/grad_norm"] = float(grad_norm)
+    grad_norm, _ = optimizer_step(inputs.params, inputs.optimizer, inputs.scheduler, inputs.max_grad_norm)
+    stats["optim/grad_norm"] = grad_norm
     return dict(stats)
 
 
-def _micro_batch_loss(trainer: RLTrainer, part: TokenBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
-    algo, loss_cfg = trainer.recipe.algo, trainer.loss_config()
-    temperature = trainer.recipe.rollout.sampling.temperature
+def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+    algo, loss_cfg = inputs.algo, inputs.loss
     mask = part.loss_mask
     logprobs, entropy, values = forward_policy(
-        trainer.policy.model, part.input_ids, part.attention_mask, temperature, trainer.value_head, mask,
+        inputs.policy.model, part.input_ids, part.attention_mask, inputs.temperature, inputs.value_head, mask,
         with_entropy=True, entropy_grad=algo.entropy_coef > 0,
     )  # fmt: skip
     per_token, metrics = policy_loss(algo.loss, logprobs, part.old_logprobs, part.advantages, mask, loss_cfg)
@@ -114,7 +136,7 @@ def _micro_batch_loss(trainer: RLTrainer, part: TokenBatch, denominator: float) 
         token_kl = kl_estimate(logprobs, part.ref_logprobs, algo.kl_estimator)
         stats["policy/kl"] = float(masked_mean(token_kl.detach(), mask))
         if not algo.kl_in_reward:
-            loss = loss + trainer.kl.coef * aggregate(algo.aggregation, token_kl, mask, loss_cfg, denominator)
+            loss = loss + inputs.kl_coef * aggregate(algo.aggregation, token_kl, mask, loss_cfg, denominator)
     if algo.entropy_coef > 0:
         bonus = entropy_bonus(entropy, mask)
         loss = loss + algo.entropy_coef * aggregate(algo.aggregation, bonus, mask, loss_cfg, denominator)
@@ -130,6 +152,3 @@ def _micro_batch_loss(trainer: RLTrainer, part: TokenBatch, denominator: float) 
 class TrainingError(RuntimeError):
     """Training cannot go on (NaN loss or reward); the last good checkpoint is intact."""
 
-
-def _training_error(trainer: RLTrainer, what: str) -> Exception:
-    return TrainingError(f"step {trainer.step + 1}: {what}; stopped, last good checkpoint kept in {trainer.run_dir}")
