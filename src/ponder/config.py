@@ -261,6 +261,11 @@ class AlgoConfig:
     logprob_micro_batch_size: episodes per no-grad forward (reference logprobs, old
         values; verl's `log_prob_micro_batch_size`); 0 = micro_batch_size. A no-grad
         pass keeps no activations, so it can take larger batches than the update.
+    clip_c: PPO dual-clip bound (> 1) for negative advantages; null = off.
+    std_eps: added to the std before dividing advantages by it.
+    baseline_momentum: reinforce's running-mean baseline momentum.
+    whiten_gae: normalise GAE advantages over the batch (verl does it always).
+    (ponder.algos.AdvantageConfig and LossConfig document each in full.)
     """
 
     advantage: str = "grpo"
@@ -285,6 +290,10 @@ class AlgoConfig:
     mini_batch_size: int = 0
     micro_batch_size: int = 4
     logprob_micro_batch_size: int = 0
+    clip_c: float | None = None
+    std_eps: float = 1e-6
+    baseline_momentum: float = 0.9
+    whiten_gae: bool = False
 
 
 @dataclass

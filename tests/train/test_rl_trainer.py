@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ponder.config import ConfigError, load_recipe
+from ponder.config import AlgoConfig, ConfigError, load_recipe
 from ponder.envs import build_messages
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
@@ -416,3 +416,20 @@ def test_episode_metrics_leave_unscorable_rewards_out_of_the_mean():
     assert metrics["collapse/tied_groups"] == 0.0
     assert metrics["collapse/distinct_ratio"] == 1.0
     assert json.dumps(metrics, allow_nan=False)  # nothing NaN here
+
+
+def test_every_algorithm_knob_is_reachable_from_the_recipe():
+    import dataclasses
+
+    from ponder.algos import AdvantageConfig, LossConfig
+
+    trainer = RLTrainer.from_recipe(
+        recipe("algo.clip_c=3.0", "algo.std_eps=0.01", "algo.baseline_momentum=0.5", "algo.whiten_gae=true"),
+        "unused-run-dir", reward=low_id_share,
+    )  # fmt: skip
+    assert trainer.loss_config().clip_c == 3.0
+    algo = trainer.recipe.algo
+    names = {f.name for f in dataclasses.fields(AlgoConfig)} | {"eps"}
+    for config in (AdvantageConfig, LossConfig):
+        assert {f.name for f in dataclasses.fields(config)} <= names, config
+    assert (algo.std_eps, algo.baseline_momentum, algo.whiten_gae) == (0.01, 0.5, True)

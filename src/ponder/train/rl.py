@@ -163,7 +163,9 @@ class RLTrainer:
             batch.rewards, batch.loss_mask, batch.group_ids, batch.turn_ids, batch.turn_rewards,
             batch.turn_mask, batch.old_values, token_rewards,
         )  # fmt: skip
-        advantage_config = AdvantageConfig(algo.norm_by_std, algo.std_scope, gamma=algo.gamma, lam=algo.lam)
+        advantage_config = AdvantageConfig(
+            algo.norm_by_std, algo.std_scope, algo.std_eps, algo.gamma, algo.lam, algo.baseline_momentum, algo.whiten_gae
+        )
         advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
         tick = time.perf_counter()
@@ -199,7 +201,7 @@ class RLTrainer:
 
     def loss_config(self) -> LossConfig:
         algo = self.recipe.algo
-        return LossConfig(algo.clip_low, algo.clip_high, None, algo.aggregation, algo.norm_constant, algo.value_clip)
+        return LossConfig(algo.clip_low, algo.clip_high, algo.clip_c, algo.aggregation, algo.norm_constant, algo.value_clip)
 
     def evaluate_held_out(self) -> dict[str, float]:
         from ponder.eval import evaluate, held_out_recipe
