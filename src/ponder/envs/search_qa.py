@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ponder.config import Recipe
-from ponder.envs.base import EnvContext, EnvSpec, register_env
+from ponder.envs.base import EnvContext, EnvSpec, Opening, register_env
 from ponder.tools import Tool, ToolRegistry, run_tool_step
 from ponder.tools.parsers import SearchR1Parser
 from ponder.tools.builtin import make_corpus_search_tool
@@ -65,10 +65,10 @@ class SearchQAEnv:
         self.turn_index = 0
         self.invalid_actions = 0
 
-    def reset(self, task: Task) -> list[dict[str, str]]:
+    def reset(self, task: Task) -> Opening:
         self.turn_index = 0
         self.invalid_actions = 0
-        return build_messages(task)
+        return Opening(build_messages(task), self.registry.specs())
 
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
         outcome = run_tool_step(action, self.parser, self.registry, self.tool_timeout_s, self.truncate)

@@ -34,8 +34,7 @@ from ponder.data import (
     successful_conversations,
     write_jsonl,
 )
-from ponder.envs import build_messages
-from ponder.envs.base import EnvSpec
+from ponder.envs.base import EnvSpec, Opening, opening_of
 from ponder.eval.agent_metrics import agent_metrics
 from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.models import Policy, apply_lora, load_policy
@@ -48,7 +47,6 @@ from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, 
 from ponder.train.selection import select_coreset
 from ponder.train.sft import build_demonstrations
 from ponder.train.sft_trainer import SFTInputs, SFTTrainer
-from ponder.types import ToolSpec
 from ponder.wiring import build_env
 
 STAGES = ("warmup", "sft", "dpo", "rl", "eval")
@@ -56,9 +54,6 @@ TRAINING_STAGES = ("warmup", "sft", "dpo", "rl")
 DONE = "done.json"
 EXAMPLES = "examples.jsonl"  # the warm-up's demonstrations, TRL conversational format
 PAIRS = "pairs.jsonl"  # a DPO stage's preference pairs, TRL preference format
-SEARCH_TOOL = ToolSpec(
-    "search", "Search the corpus", {"type": "object", "properties": {"query": {"type": "string"}}}
-)
 
 
 @dataclass
@@ -85,6 +80,16 @@ class Context:
 
     def factory(self, policy: Policy) -> Callable[[], Any]:
         return self.spec(policy).factory
+
+    def opening(self, policy: Policy, task: Any) -> Opening:
+        """What the environment shows at the start of `task`: the conversation's prompt and tools."""
+        return opening_of(self.factory(policy)().reset(task))
+
+    def conversations(self, policy: Policy, demos: list, tasks: list) -> list:
+        """Successful episodes as TRL conversational rows, prompts and tools as the env showed them."""
+        tools = self.opening(policy, tasks[0]).tools if tasks else []
+        prompt_of = lambda task: self.opening(policy, task).messages  # noqa: E731
+        return successful_conversations(demos, {t.id: t for t in tasks}, prompt_of, tools)
 
 
 def check_pipeline(recipe: PipelineRecipe) -> None:
@@ -249,7 +254,7 @@ def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     )
     examples = [trajectory_example(t) for t in demos]
     # TRL's conversational format; a later stage's replay buffer / EWC data
-    conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, [SEARCH_TOOL])
+    conversations = ctx.conversations(policy, demos, tasks)
     write_jsonl(stage_dir / EXAMPLES, conversations)
     sft = recipe.sft
     cfg = SFTTrainerConfig(
@@ -277,7 +282,7 @@ def sft_examples(ctx: Context, policy: Policy) -> tuple[list, list[TokenizedExam
         tasks = _train_tasks(ctx, policy, recipe.data.max_examples or recipe.sft.examples, recipe.train.seed + 1)
         sft = recipe.sft
         demos = build_demonstrations(tasks, sft.behaviour, ctx.factory(policy), policy, recipe, sft.oracle_fraction)
-        conversations = successful_conversations(demos, {t.id: t for t in tasks}, build_messages, [SEARCH_TOOL])
+        conversations = ctx.conversations(policy, demos, tasks)
         source = f"{sft.behaviour} demonstrations ({sft.oracle_fraction:.0%} oracle)"
         report = {"source": source, "load": {"read": len(tasks), "kept": len(conversations)}}
     formatter = ChatFormatter(policy.tokenizer, recipe.data.tool_style)
@@ -384,11 +389,15 @@ def _preference_rows(ctx: Context, policy: Policy) -> tuple[list[PreferencePair]
     sampled, report = sample_preferences(policy, tasks, engine_for, ctx.agent_reward(), recipe.dpo)
     by_id = {t.id: t for t in tasks}
     rows = [
-        preference_from_trajectories(best, worst, by_id[best.task_id], build_messages(by_id[best.task_id]),
-                                     [SEARCH_TOOL])
+        preference_from_trajectories(best, worst, by_id[best.task_id], *_prompt_and_tools(ctx, policy, by_id[best.task_id]))
         for best, worst in sampled
     ]  # fmt: skip
     return rows, report
+
+
+def _prompt_and_tools(ctx: Context, policy: Policy, task: Any) -> tuple[list, list]:
+    opening = ctx.opening(policy, task)
+    return opening.messages, opening.tools
 
 
 def _formatted_pair(formatter: ChatFormatter, row: PreferencePair) -> PreferenceExample:
