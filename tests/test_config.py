@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import re
+
 import pytest
 
 from ponder.config import (
@@ -236,3 +238,30 @@ def test_every_shipped_recipe_loads(path):
     cls = PipelineRecipe if path.name.startswith("pipeline_") else Recipe
     recipe = load_recipe(path, cls=cls)
     assert isinstance(recipe, cls)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.save_every=0", "key 'train.save_every' must be >= 1, got 0"),
+        ("rollout.group_size=0", "key 'rollout.group_size' must be >= 1, got 0"),
+        ("train.tasks_per_step=0", "key 'train.tasks_per_step' must be >= 1, got 0"),
+        ("rollout.batch_size=0", "key 'rollout.batch_size' must be >= 1, got 0"),
+        ("rollout.sampling.temperature=-0.5", "key 'rollout.sampling.temperature' must be >= 0, got -0.5"),
+        ("rollout.sampling.top_p=0", "key 'rollout.sampling.top_p' must be in (0, 1], got 0.0"),
+        ("rollout.sampling.max_total_tokens=0", "key 'rollout.sampling.max_total_tokens' must be >= 1, got 0"),
+        ("env.max_turns=0", "key 'env.max_turns' must be >= 1, got 0"),
+        ("train.steps=-3", "key 'train.steps' must be >= 0, got -3"),
+        ("algo.gamma=1.5", "key 'algo.gamma' must be in [0, 1], got 1.5"),
+    ],
+)
+def test_values_out_of_range_fail_at_load_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_recipe(None, [override])
+
+
+def test_pipeline_ranges_are_checked_too():
+    from ponder.config import PipelineRecipe
+
+    with pytest.raises(ConfigError, match=re.escape("key 'selection.target_size' must be >= 0, got -1")):
+        load_recipe(None, ["selection.target_size=-1"], cls=PipelineRecipe)

@@ -636,4 +636,48 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None, cls
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
     data = apply_overrides(data, overrides or [], source=f"{source} (override)")
-    return from_dict(cls, data, source)
+    config = from_dict(cls, data, source)
+    check_ranges(config, source)
+    return config
+
+
+def _at_least(low: float) -> tuple[str, Any]:
+    return f">= {low:g}", lambda v: v >= low
+
+
+def _between(low: float, high: float, open_low: bool = False) -> tuple[str, Any]:
+    text = f"in {'(' if open_low else '['}{low:g}, {high:g}]"
+    return text, lambda v: (v > low if open_low else v >= low) and v <= high
+
+
+# Value ranges checked when a recipe loads (a zero batch or step count would divide
+# by zero or hang much later): dotted key → (what it must be, test).
+RANGES: dict[str, tuple[str, Any]] = {
+    **{key: _at_least(1) for key in (
+        "rollout.batch_size", "rollout.group_size", "rollout.sampling.max_new_tokens_per_turn",
+        "rollout.sampling.max_total_tokens", "env.max_turns", "env.max_obs_tokens", "retriever.topk",
+        "train.tasks_per_step", "train.save_every", "sft.batch_size", "eval.episodes", "algo.epochs",
+        "algo.micro_batch_size", "lora.r",
+    )},  # fmt: skip
+    **{key: _at_least(0) for key in (
+        "rollout.sampling.temperature", "eval.temperature", "eval.batch_size", "env.max_invalid_actions",
+        "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
+        "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
+        "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
+        "sft_trainer.steps",
+    )},  # fmt: skip
+    "rollout.sampling.top_p": _between(0, 1, open_low=True),
+    "algo.gamma": _between(0, 1),
+    "algo.lam": _between(0, 1),
+}
+
+
+def check_ranges(config: Any, source: str = "<config>") -> None:
+    """Raise ConfigError naming the first key whose value is out of its range (RANGES);
+    keys a config does not have are skipped."""
+    for key, (expected, test) in RANGES.items():
+        value: Any = config
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not test(value):
+            raise ConfigError(f"{source}: key '{key}' must be {expected}, got {value!r}")
