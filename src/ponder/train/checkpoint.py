@@ -10,15 +10,20 @@ previous checkpoint intact.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ponder.fileio import write_text_atomic
+from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.models import Policy
 from ponder.models.adapters import load_adapter_weights, save_trained
 
@@ -47,6 +52,7 @@ def save_checkpoint(run_dir: Path, step: int, policy: Policy, objects: dict[str,
     save_trained(policy, staging)
     for name, state in objects.items():
         torch.save(state, staging / f"{name}.pt")
+    _seal(staging)
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     write_text_atomic(root / "latest", final.name + "\n")
@@ -55,12 +61,62 @@ def save_checkpoint(run_dir: Path, step: int, policy: Policy, objects: dict[str,
     return final
 
 
+CHECKSUMS = "checksums.json"
+STEP_NAME = re.compile(r"step-\d{6}")
+
+
+def _seal(directory: Path) -> None:
+    """fsync every file of a checkpoint and record its sha256 in checksums.json."""
+    sums = {}
+    for file in sorted(p for p in directory.iterdir() if p.is_file()):
+        with open(file, "rb") as handle:
+            sums[file.name] = hashlib.sha256(handle.read()).hexdigest()
+            os.fsync(handle.fileno())
+    write_json_atomic(directory / CHECKSUMS, sums)
+
+
+def damage(path: Path) -> str | None:
+    """Why checkpoint `path` cannot be trusted (missing, a file missing or changed), or None."""
+    if not path.is_dir():
+        return "missing"
+    try:
+        sums = json.loads((path / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return None  # written before checksums existed: nothing to verify against
+    except (OSError, ValueError) as err:
+        return f"{CHECKSUMS} unreadable ({err})"
+    for name, expected in sums.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} missing"
+        if hashlib.sha256(file.read_bytes()).hexdigest() != expected:
+            return f"{name} does not match its checksum"
+    return None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
+    """The newest intact checkpoint of run_dir: the one `latest` names when it is
+    intact and inside the run, else the newest older one that verifies (with a
+    one-line warning on stderr naming what was wrong). None when there is none."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
     if not pointer.is_file():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    return path if path.is_dir() else None
+    named = pointer.read_text().strip()
+    candidates = sorted((p for p in root.glob("step-*") if STEP_NAME.fullmatch(p.name)), reverse=True)
+    if STEP_NAME.fullmatch(named):
+        candidates = [root / named] + [p for p in candidates if p.name != named]
+    problem = None if STEP_NAME.fullmatch(named) else f"'latest' names {named!r}, not a checkpoint of this run"
+    for path in candidates:
+        why = damage(path)
+        if why is None:
+            if problem is not None:
+                print(f"ponder: warning: {problem}; resuming from {path.name}", file=sys.stderr)
+            return path
+        problem = problem or f"checkpoint {path.name}: {why}"
+    if problem is not None:
+        print(f"ponder: warning: {problem}; no intact checkpoint left", file=sys.stderr)
+    return None
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
