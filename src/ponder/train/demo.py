@@ -17,6 +17,7 @@ from ponder.eval import evaluate, held_out_recipe
 from ponder.fileio import atomic_path, write_json_atomic, write_text_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.train.plot import plot_run, plot_stages
+from ponder.train.memory import release_memory
 from ponder.train.progress import item_progress, training_progress
 from ponder.train.rl import RLTrainer, prepare_policy
 from ponder.train.sft import warm_up
@@ -79,20 +80,6 @@ def run_demo(
     plot_stages(results, run_dir / "stages.png")
     write_json_atomic(run_dir / "results.json", results)
     return results
-
-
-def release_memory() -> None:
-    """Hand a finished stage's freed memory back to the system: glibc keeps freed
-    activations and KV caches in its arenas, so the peak RSS of every later stage
-    would start from the biggest earlier one."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> None:

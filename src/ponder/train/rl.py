@@ -39,6 +39,7 @@ from ponder.rollout import RolloutEngine
 from ponder.train.batch import collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ponder.train.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.train.rl_metrics import episode_metrics
@@ -121,6 +122,7 @@ class RLTrainer:
             with MetricsLog(self.run_dir, resume_step=self.step or None) as log:
                 while self.step < cfg.steps and not self.stop_requested:
                     metrics = self.train_step()
+                    release_memory()  # each step's activations and KV caches, before the next rollout
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0:
                         metrics.update(self.evaluate_held_out())

@@ -16,6 +16,7 @@ from ponder.models import Policy
 from ponder.models.forward import forward_policy
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.batch import collate
+from ponder.train.memory import release_memory
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 
@@ -102,6 +103,7 @@ def sft_train(
             loss.backward()
             total += float(loss.detach())
         grad_norm, lr = optimizer_step(params, optimizer, scheduler, 1.0)
+        release_memory()  # the step's activations, before the next step allocates its own
         metrics = {"sft/loss": total, "sft/grad_norm": grad_norm, "sft/lr": lr}
         history.append(metrics)
         if on_step is not None:
