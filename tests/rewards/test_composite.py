@@ -90,7 +90,10 @@ def test_score_trajectories_unknown_task():
         score_trajectories([_episode("zzz")], {}, CompositeReward({"em": 1.0}))
 
 
-def test_registry_names_match_reward_config_fields():
+def test_search_qa_components_are_registered_and_are_the_reward_config_fields():
     import dataclasses
 
-    assert set(REWARDS) == {f.name for f in dataclasses.fields(RewardConfig)}
+    from ponder.rewards.composite import SEARCH_QA_COMPONENTS
+
+    assert set(SEARCH_QA_COMPONENTS) <= set(REWARDS)
+    assert set(SEARCH_QA_COMPONENTS) | {"terms"} == {f.name for f in dataclasses.fields(RewardConfig)}

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ponder.config import load_recipe
-from ponder.eval import EvalInputError, evaluate, held_out_recipe
+from ponder.config import ConfigError, load_recipe
+from ponder.eval import evaluate, held_out_recipe
 from ponder.eval.gain import (
     StagePair, load_stage_pair, paired_gain, runs_table, search_split, searches_by_kind, stage_gain,
 )
@@ -197,5 +197,5 @@ def summarise_stub():
 
 
 def test_negative_eval_batch_size_is_named_before_any_model_loads():
-    with pytest.raises(EvalInputError, match="eval.batch_size must be >= 0"):
-        evaluate(held_out_recipe(load_recipe(None, TINY + ["eval.batch_size=-1"])))
+    with pytest.raises(ConfigError, match="key 'eval.batch_size' must be >= 0, got -1"):
+        load_recipe(None, TINY + ["eval.batch_size=-1"])  # the recipe's range check, before anything loads
