@@ -98,21 +98,28 @@ def _pick_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     return picked
 
 
-def oracle_reply(question: BfclQuestion) -> str:
-    """A possible answer as a prompt-mode model writes it: `[f(a=1), g(b='x')]`; plain
-    text that calls nothing for questions without answers (irrelevance). Arguments the
-    function does not declare are left out (a few answers list one, optionally)."""
-    if not question.ground_truth:
-        return "None of the given functions can answer this question."
+def reference_calls(question: BfclQuestion) -> list[tuple[str, dict[str, Any]]]:
+    """The first possible answer as (function name, arguments) pairs; none for questions
+    without answers (irrelevance). Arguments the function does not declare are left out
+    (a few answers list one, optionally)."""
     declared = {f["name"]: set((f.get("parameters") or {}).get("properties") or {}) for f in question.functions}
     calls = []
     for call in question.ground_truth:
         for name, arguments in call.items():
             known = declared.get(name)
             picked = _pick_arguments(arguments)
-            rendered = ", ".join(f"{k}={v!r}" for k, v in picked.items() if known is None or k in known)
-            calls.append(f"{name}({rendered})")
-    return "[" + ", ".join(calls) + "]"
+            calls.append((name, {k: v for k, v in picked.items() if known is None or k in known}))
+    return calls
+
+
+def oracle_reply(question: BfclQuestion) -> str:
+    """A possible answer as a prompt-mode model writes it: `[f(a=1), g(b='x')]`; plain
+    text that calls nothing for questions without answers (irrelevance)."""
+    if not question.ground_truth:
+        return "None of the given functions can answer this question."
+    rendered = [f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+                for name, arguments in reference_calls(question)]
+    return "[" + ", ".join(rendered) + "]"
 
 
 class OraclePolicy:
