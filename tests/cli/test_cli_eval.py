@@ -28,7 +28,7 @@ def test_eval_writes_trajectories_and_metrics(tmp_path, capsys):
         trajectory.check()
         assert sum(trajectory.loss_mask) == trajectory.metrics["generated_tokens"] > 0
     table = capsys.readouterr().out
-    assert "EM" in table and "searches" in table and "3 held-out tasks" in table
+    assert "em" in table and "search" in table and "3 held-out tasks" in table
 
 
 def _bad_input(args: list[str], tmp_path, capsys) -> str:

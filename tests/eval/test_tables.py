@@ -106,10 +106,31 @@ def test_demo_table_fits_in_80_columns_with_one_column_per_stage():
 
 
 def test_metrics_table_fits_in_80_columns():
-    row = {"em": 0.67, "f1": 0.7123, "format": 0.91, "reward": 0.634, "searches_per_episode": 1.27,
+    components = {"em": 0.67, "f1": 0.7123, "format": 0.91, "search_cost": 1.27}
+    row = {"components": components, "reward": 0.634, "tool_calls_per_episode": 1.27,
            "turns": 2.31, "generated_tokens": 143.2, "episodes": 100}  # fmt: skip
     metrics = {**row, "by_kind": {kind: dict(row) for kind in KINDS},
                "tokens_per_s": 41.3, "generation_s": 120.4, "env_s": 3.2, "wall_s": 130.0}  # fmt: skip
     lines = _render(metrics_table(metrics, title="smollm2 on 100 held-out tasks"))
     _assert_fits(lines)
-    assert " single_hop │ 0.670 │ 0.712 │   0.91 │  0.634 │     1.27 │  2.31 │    143 │ 100 " in lines
+    assert " single_hop │  0.634 │ 0.67 │ 0.71 │   0.91 │   1.27 │     1.27 │    143 │ 100 " in lines
+
+
+def test_tables_show_any_environment_s_own_reward_components():
+    """A math environment's components (no searches): each is a row of the demo table and
+    a column of the eval table; the per-kind section shows rewards, no search rows."""
+    def stage(correct, by_kind):
+        kinds = {kind: {"reward": value, "components": {"correct": value}} for kind, value in by_kind.items()}
+        return {"episodes": 40, "reward": correct + 0.1, "reward_se": 0.02, "searches_per_episode": 0.0,
+                "components": {"correct": correct, "format": 1.0}, "by_kind": kinds}  # fmt: skip
+
+    results = {"eval_temperature": 0.0, "stages": {"sft": stage(0.25, {"d1": 0.5, "d2": 0.0}),
+                                                   "rl": stage(0.5, {"d1": 0.75, "d2": 0.25})}}  # fmt: skip
+    text = "\n".join(_render(demo_table(results)))
+    assert "│ correct   │     0.250 │    0.500 │" in text
+    assert "│ format    │     1.000 │    1.000 │" in text
+    assert "│ reward d2 │     0.000 │    0.250 │" in text
+    assert "searches" not in text
+    lines = _render(metrics_table(results["stages"]["rl"]))
+    _assert_fits(lines)
+    assert any(line.startswith(" all   │  0.600 │    0.50 │   1.00 │") for line in lines)

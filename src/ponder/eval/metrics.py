@@ -41,6 +41,7 @@ def _summary(trajectories: list[Trajectory]) -> dict[str, Any]:
     def metric(name: str) -> float:
         return mean([t.metrics.get(name, 0.0) for t in trajectories])
 
+    names = sorted({name for t in trajectories for name in t.breakdown})
     return {
         "episodes": len(trajectories),
         "reward": mean(rewards),
@@ -48,7 +49,10 @@ def _summary(trajectories: list[Trajectory]) -> dict[str, Any]:
         "em": breakdown("em"),
         "f1": breakdown("f1"),
         "format": breakdown("format"),
+        # every reward component the environment scored, whatever its name
+        "components": {name: breakdown(name) for name in names},
         "searches_per_episode": metric("searches"),
+        "tool_calls_per_episode": metric("tool_calls"),
         "turns": metric("turns"),
         "generated_tokens": metric("generated_tokens"),
         "answered": metric("answered"),

@@ -6,30 +6,33 @@ from typing import Any
 
 from rich.table import Table
 
-# (header, metric key, format); headers on two lines keep the table within 80
-# columns (a pipe, a CI log), where rich would otherwise cut them to "searc…".
+# (header, metric key, format) after the reward components; headers on two lines
+# keep the table within 80 columns (a pipe, a CI log), where rich would otherwise
+# cut them to "searc…".
 COLUMNS = [
-    ("EM", "em", "{:.3f}"),
-    ("F1", "f1", "{:.3f}"),
-    ("format", "format", "{:.2f}"),
-    ("reward", "reward", "{:.3f}"),
-    ("searches\n/ ep", "searches_per_episode", "{:.2f}"),
-    ("turns\n/ ep", "turns", "{:.2f}"),
+    ("tool\ncalls/ep", "tool_calls_per_episode", "{:.2f}"),
     ("tokens\n/ ep", "generated_tokens", "{:.0f}"),
     ("n", "episodes", "{:d}"),
 ]
+# Metrics written before evaluations kept every reward component had these.
+LEGACY_COMPONENTS = ("em", "f1", "format")
 
 
 def metrics_table(metrics: dict[str, Any], title: str = "evaluation") -> Table:
-    """One row for all episodes, one per task kind; generation speed in the caption."""
+    """One row for all episodes, one per task kind: the reward, each reward component
+    the environment scored, tool calls and tokens; generation speed in the caption."""
+    components = sorted(_components(metrics))
     # No outer border: two columns more for task kinds at 80 columns.
     table = Table(title=title, show_edge=False)
     table.add_column("tasks", overflow="fold")  # a long kind wraps, never "single_…"
+    table.add_column("reward", justify="right")
+    for name in components:
+        table.add_column(name.replace("_", "\n", 1), justify="right")
     for header, _, _ in COLUMNS:
         table.add_column(header, justify="right")
-    table.add_row("all", *_cells(metrics), style="bold")
+    table.add_row("all", *_cells(metrics, components), style="bold")
     for kind, row in metrics.get("by_kind", {}).items():
-        table.add_row(kind, *_cells(row))
+        table.add_row(kind, *_cells(row, components))
     if "tokens_per_s" in metrics:
         table.caption = (
             f"n: episodes · {metrics['tokens_per_s']:.1f} generated tokens/s\n"
@@ -41,5 +44,15 @@ def metrics_table(metrics: dict[str, Any], title: str = "evaluation") -> Table:
     return table
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
-    return [fmt.format(row[key]) if row.get(key) == row.get(key) else "-" for _, key, fmt in COLUMNS]
+def _components(row: dict[str, Any]) -> dict[str, Any]:
+    return row["components"] if "components" in row else {k: row.get(k) for k in LEGACY_COMPONENTS}
+
+
+def _format(value: Any, fmt: str) -> str:
+    return fmt.format(value) if isinstance(value, (int, float)) and value == value else "-"
+
+
+def _cells(row: dict[str, Any], components: list[str]) -> list[str]:
+    values = _components(row)
+    return [_format(row.get("reward"), "{:.3f}"), *[_format(values.get(name), "{:.2f}") for name in components],
+            *[_format(row.get(key), fmt) for _, key, fmt in COLUMNS]]  # fmt: skip

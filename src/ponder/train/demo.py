@@ -57,8 +57,8 @@ def run_demo(
             result = stage(f"eval:{name}", lambda: evaluate(eval_recipe, policy, advance, oracle=oracle))
         save_trajectories(result.trajectories, run_dir / f"eval-{name}.parquet")
         metrics = results["stages"][name] = result.metrics
-        say(f"eval {name}: reward {metrics['reward']:.3f}  EM {metrics['em']:.3f}  "
-            f"searches/ep {metrics['searches_per_episode']:.2f}")  # fmt: skip
+        parts = [f"{key} {value:.3f}" for key, value in metrics.get("components", {}).items() if value == value]
+        say(f"eval {name}: reward {metrics['reward']:.3f}  " + "  ".join(parts[:4]))
 
     if previous is not None:
         load_adapter_weights(policy.model, previous.weights)
