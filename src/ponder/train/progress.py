@@ -10,14 +10,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def step_summary(metrics: dict[str, float]) -> str:
-    """One line per step: reward, EM, searches, the time split."""
-    parts = [
-        f"reward {metrics.get('reward/mean', float('nan')):+.3f}",
-        f"EM {metrics.get('reward/em', float('nan')):.2f}",
-        f"searches {metrics.get('episode/searches', float('nan')):.2f}",
-        f"gen {metrics.get('time/generation_s', 0.0):.0f}s",
-        f"update {metrics.get('time/update_s', 0.0):.0f}s",
-    ]
+    """One line per step: reward, the first reward components, searches (where the
+    agent searched), the time split."""
+    components = [k for k in metrics if k.startswith("reward/") and k not in ("reward/mean", "reward/std")]
+    parts = [f"reward {metrics.get('reward/mean', float('nan')):+.3f}"]
+    parts += [f"{key[len('reward/'):]} {metrics[key]:.2f}" for key in components[:2]]
+    if metrics.get("episode/searches", 0.0) > 0:
+        parts.append(f"searches {metrics['episode/searches']:.2f}")
+    parts += [f"gen {metrics.get('time/generation_s', 0.0):.0f}s", f"update {metrics.get('time/update_s', 0.0):.0f}s"]
     if "eval/reward" in metrics:
         parts.append(f"eval reward {metrics['eval/reward']:+.3f}")
     return " · ".join(parts)

@@ -71,7 +71,14 @@ def build_demonstrations(
     sampling = replace(recipe.rollout.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
     rollout = replace(recipe.rollout, group_size=1, batch_size=max(1, len(tasks)), sampling=sampling)
     trajectories, _ = RolloutEngine(ScriptedBackend(policy.tokenizer, scripts), factory, rollout).run(tasks)
-    return [t for t in trajectories if t.final_answer is not None and all(turn.error is None for turn in t.turns)]
+    return [t for t in trajectories if _completed(t)]
+
+
+def _completed(trajectory: Trajectory) -> bool:
+    """A demonstration worth imitating: no turn broke the protocol, and the episode
+    ended on its own (an answer, or the environment's `done`), not at a cap or an error."""
+    ended = trajectory.final_answer is not None or trajectory.stop_reason in ("answer", "done")
+    return ended and all(turn.error is None for turn in trajectory.turns)
 
 
 def sft_train(
