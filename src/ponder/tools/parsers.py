@@ -271,32 +271,44 @@ class SearchR1Parser:
     The last `<search>` or `<answer>` tag in the text is the action (the Search-R1
     convention); generation stops right after either closing tag. A search
     becomes ToolCall(tool_name, {argument: query}).
+
+    Other tag environments reuse it: `call_tag` renames the tool's tag (None: only
+    `<answer>` is an action), `result_tag` the tag results come back in, and `how`
+    the hint that follows an error (e.g. math's `<calculator>` and `<result>`).
     """
 
     name = "search_r1"
-    _TAG = re.compile(r"<(search|answer)>")
     _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-    _HOW = "search with <search>query</search> or answer with <answer>text</answer>"
 
-    def __init__(self, tool_name: str = "search", argument: str = "query") -> None:
-        self.stop_strings: list[str] = ["</search>", "</answer>"]
+    def __init__(
+        self, tool_name: str = "search", argument: str = "query", call_tag: str | None = "search",
+        result_tag: str = "information", how: str | None = None,
+    ) -> None:  # fmt: skip
+        tags = [call_tag, "answer"] if call_tag else ["answer"]
+        self.stop_strings: list[str] = [f"</{tag}>" for tag in tags]
         self.tool_name = tool_name
         self.argument = argument
+        self.result_tag = result_tag
+        self._tag = re.compile(rf"<({'|'.join(tags)})>")
+        self._tags_named = " or ".join(f"<{tag}>" for tag in tags)
+        call_how = f"{call_tag} with <{call_tag}>{argument}</{call_tag}> or " if call_tag else ""
+        self._how = how or f"{call_how}answer with <answer>text</answer>"
 
     def parse(self, text: str) -> ParseResult:
         thoughts = [t.strip() for t in self._THINK.findall(text) if t.strip()]
         thought = "\n".join(thoughts) or None
-        tags = list(self._TAG.finditer(text))
+        tags = list(self._tag.finditer(text))
         if not tags:
-            return ParseResult([], error=f"no <search> or <answer> tag found; {self._HOW}", thought=thought)
+            return ParseResult([], error=f"no {self._tags_named} tag found; {self._how}", thought=thought)
         last = tags[-1]
         kind = last.group(1)
         close = text.find(f"</{kind}>", last.end())
         if close == -1:
-            return ParseResult([], error=f"unclosed <{kind}> (generation cut off?); {self._HOW}", thought=thought)
+            error = f"unclosed <{kind}> (generation cut off?); {self._how}"
+            return ParseResult([], error=error, thought=thought)
         content = text[last.end() : close].strip()
         if not content:
-            return ParseResult([], error=f"empty <{kind}>; {self._HOW}", thought=thought)
+            return ParseResult([], error=f"empty <{kind}>; {self._how}", thought=thought)
         if kind == "answer":
             return ParseResult([], answer=content, thought=thought)
         raw = text[last.start() : close + len(f"</{kind}>")]
@@ -306,10 +318,10 @@ class SearchR1Parser:
     def format_results(self, results: list[ToolResult]) -> str:
         # Search-R1 strips the retrieved text before wrapping it; keep its exact layout.
         inner = "\n".join(_result_text(r).strip() for r in results)
-        return f"\n\n<information>{inner}</information>\n\n"
+        return f"\n\n<{self.result_tag}>{inner}</{self.result_tag}>\n\n"
 
     def format_error(self, error: str) -> str:
-        return f"\n\n<information>error: {error}</information>\n\n"
+        return f"\n\n<{self.result_tag}>error: {error}</{self.result_tag}>\n\n"
 
 
 PARSERS: dict[str, type] = {

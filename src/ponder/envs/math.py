@@ -1,0 +1,129 @@
+"""Math word problems with verifiable rewards: the model thinks, may call a calculator
+(`<calculator>12*7+3</calculator>`, the value comes back as `<result>87</result>`), and
+ends with `<answer>87</answer>`, checked exactly against the gold answer.
+
+Tasks are generated offline and seeded (ponder.envs.math_tasks); answers are
+extracted and verified by ponder.rewards.math. The tool step is the shared one
+(parse → validate → call → observe) with the Search-R1 tag parser retargeted to the
+calculator, and the calculator is the built-in one (syntax-tree evaluation, bounded
+exponents and integer sizes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ponder.envs.base import EnvContext, EnvSpec, Opening, register_env
+from ponder.envs.math_tasks import LEVELS, math_splits
+from ponder.rewards.math import answer_format, calculator_calls, correct
+from ponder.tools import ToolRegistry, run_tool_step
+from ponder.tools.builtin import calculator
+from ponder.tools.parsers import SearchR1Parser
+from ponder.types import Task
+
+WITH_CALCULATOR = (
+    "Solve the math problem. Think step by step in <think></think>. To compute, write "
+    "<calculator>expression</calculator>, e.g. <calculator>12*7+3</calculator>; the value comes back "
+    "in <result></result>. Give the final answer as a number in <answer></answer>, e.g. <answer>87</answer>."
+)
+WITHOUT_CALCULATOR = (
+    "Solve the math problem. Think step by step in <think></think>. "
+    "Give the final answer as a number in <answer></answer>, e.g. <answer>87</answer>."
+)
+# Correctness is the reward; the small format bonus keeps answers in the tag that
+# ends generation. Calculator calls are counted but free by default: the reference
+# solver uses it on levels 3-4, and a cost would put the ceiling below 1 + format.
+REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1, "calc_cost": 0.0}
+OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "max_turns")
+
+
+def math_parser(calculator_on: bool) -> SearchR1Parser:
+    """`<think>…</think>`, `<calculator>expr</calculator>` or `<answer>…</answer>` (the
+    last tag is the action), results in `<result>`: the Search-R1 parser with the
+    calculator in place of search. Without the calculator only `<answer>` is an
+    action, so a `<calculator>` tag is a protocol error the model is told about."""
+    compute = "compute with <calculator>expression</calculator> or " if calculator_on else ""
+    return SearchR1Parser("calculator", "expression", "calculator" if calculator_on else None, "result",
+                          how=f"{compute}answer with <answer>number</answer>")  # fmt: skip
+
+
+def build_messages(task: Task, calculator_on: bool) -> list[dict[str, str]]:
+    """The system rules (with or without the calculator) and the problem."""
+    rules = WITH_CALCULATOR if calculator_on else WITHOUT_CALCULATOR
+    return [{"role": "system", "content": rules}, {"role": "user", "content": task.question}]
+
+
+@dataclass
+class MathEnv:
+    """One episode: calculator calls until an `<answer>` or max_turns actions."""
+
+    calculator_on: bool = True
+    max_turns: int = 3
+
+    def __post_init__(self) -> None:
+        self.parser = math_parser(self.calculator_on)
+        self.stop_strings = list(self.parser.stop_strings)
+        self.registry = ToolRegistry([calculator] if self.calculator_on else [])
+        self.turn_index = 0
+
+    def reset(self, task: Task) -> Opening:
+        self.turn_index = 0
+        return Opening(build_messages(task, self.calculator_on), self.registry.specs())
+
+    def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
+        outcome = run_tool_step(action, self.parser, self.registry)
+        turn = outcome.turn(self.turn_index, action)
+        self.turn_index += 1
+        if outcome.parse.answer is not None:
+            return None, True, {"turn": turn, "stop_reason": "answer"}
+        if self.turn_index >= self.max_turns:
+            return None, True, {"turn": turn, "stop_reason": "max_turns"}
+        turn.observation = outcome.observation
+        return outcome.observation, False, {"turn": turn}
+
+
+def math_options(options: dict[str, Any], default_max_turns: int = 3) -> dict[str, Any]:
+    """env.options with defaults filled in; a misspelt or out-of-range option fails here."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"env.options for math: unknown {unknown}; valid: {', '.join(OPTIONS)}")
+    merged = {"seed": 0, "n_train": 512, "n_eval": 128, "difficulties": list(LEVELS), "mix": None,
+              "calculator": True, "max_turns": default_max_turns, **options}  # fmt: skip
+    for key in ("n_train", "n_eval", "max_turns"):
+        if not isinstance(merged[key], int) or merged[key] < (1 if key == "max_turns" else 0):
+            raise ValueError(f"env.options.{key} for math: want a whole number >= {int(key == 'max_turns')}, "
+                             f"got {merged[key]!r}")  # fmt: skip
+    mix = merged["mix"]
+    if mix is not None and (len(mix) != len(merged["difficulties"]) or min(mix) < 0 or sum(mix) <= 0):
+        raise ValueError(f"env.options.mix for math: want one weight >= 0 per difficulty "
+                         f"({merged['difficulties']}), not all 0; got {mix!r}")  # fmt: skip
+    return merged
+
+
+@register_env("math")
+def build_math(ctx: EnvContext) -> EnvSpec:
+    """Arithmetic and algebra word problems with exact answers (ponder.envs.math_tasks).
+
+    env.options (all optional):
+      seed: task generator seed (0).
+      n_train / n_eval: tasks per split (512 / 128); no question is in both splits.
+      difficulties: levels to draw, from 1 (one operation) to 4 (a linear equation)
+        ([1, 2, 3, 4]); the task kind is `level{n}`.
+      mix: one weight per entry of difficulties (equal weights).
+      calculator: offer the `<calculator>` tool (true); the reference solver uses it
+        from level 3 up when offered.
+      max_turns: actions per episode (the recipe's env.max_turns).
+    Reward components: correct (1 / 0, exact), format (the answer as one number in
+    `<answer>`, no protocol errors) and calc_cost (calculator calls); default
+    weights 1.0, 0.1 and 0.0, changed with reward.terms."""
+    default_turns = ctx.recipe.env.max_turns if ctx.recipe is not None else 3
+    options = math_options(dict(ctx.options), default_turns)
+    train, evaluation = math_splits(
+        options["seed"], options["n_train"], options["n_eval"], options["difficulties"], options["mix"],
+        options["calculator"],
+    )  # fmt: skip
+    calculator_on, max_turns = bool(options["calculator"]), options["max_turns"]
+    rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls}
+    factory = lambda: MathEnv(calculator_on, max_turns)  # a fresh episode per call
+    return EnvSpec(factory, train, evaluation, rewards, dict(REWARD_WEIGHTS))
