@@ -97,7 +97,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe, to_dict
     from ponder.fileio import write_text_atomic
     from ponder.models.adapters import MANIFEST, load_adapter_weights
-    from ponder.rundir import claim_run_dir, require_run_dir
+    from ponder.rundir import check_resume_recipe, claim_run_dir, require_run_dir
     from ponder.train.progress import item_progress, training_progress
     from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
     from ponder.train.sft import warm_up
@@ -107,6 +107,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = require_run_dir(args.resume, ("checkpoints/latest", f"sft/{MANIFEST}"),
                                   "a run with --recipe RECIPE --out DIR")  # fmt: skip
         recipe = load_recipe(run_dir / "recipe.yaml", overrides)
+        saved = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+        check_resume_recipe(saved, to_dict(recipe), args.allow_recipe_change)
+        write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
     else:
         recipe = load_recipe(args.recipe, overrides)
     check_recipe(recipe)
@@ -237,6 +240,8 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--out", help="run directory (default: the recipe's train.out)")
     train.add_argument("--model", help=MODEL_HELP + " to start from")
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    train.add_argument("--allow-recipe-change", action="store_true",
+                       help="with --resume: accept overrides beyond train.steps/save_every/eval_every")  # fmt: skip
     train.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     train.set_defaults(handler=cmd_train)
 

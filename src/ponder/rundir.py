@@ -63,3 +63,33 @@ def require_run_dir(path: str | Path, needs: tuple[str, ...], what: str) -> Path
     if not any((path / need).exists() for need in needs):
         raise RunDirError(f"{path}: nothing to resume (no {' or '.join(needs)}); start {what}")
     return path
+
+
+# Recipe keys a resumed run may change: how long it runs and how often it saves or
+# evaluates. Anything else (LR, LoRA rank, reward weights, seeds …) would make the
+# continued run a different experiment from the one its checkpoints belong to.
+RESUMABLE_KEYS = ("train.steps", "train.save_every", "train.eval_every", "train.eval_episodes", "train.out")
+
+
+def recipe_changes(saved: dict, new: dict, allowed: tuple[str, ...] = RESUMABLE_KEYS) -> list[str]:
+    """Dotted keys whose values differ between two recipes (as nested dicts), except `allowed`."""
+    changes: list[str] = []
+
+    def walk(a: object, b: object, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for name in sorted(set(a) | set(b)):
+                walk(a.get(name), b.get(name), f"{key}.{name}" if key else name)
+        elif a != b and key not in allowed:
+            changes.append(f"{key}: {a!r} -> {b!r}")
+
+    walk(saved, new, "")
+    return changes
+
+
+def check_resume_recipe(saved: dict, new: dict, allow_change: bool) -> None:
+    """Refuse to resume with a changed recipe (one line naming the first change)."""
+    changes = recipe_changes(saved, new)
+    if changes and not allow_change:
+        more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
+        raise RunDirError(f"--resume with a changed recipe: {changes[0]}{more}; only "
+                          f"{', '.join(RESUMABLE_KEYS)} may change, or pass --allow-recipe-change")  # fmt: skip
