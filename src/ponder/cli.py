@@ -104,7 +104,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = args.overrides + ([f"model.name={args.model}"] if args.model else [])
     if args.resume:
-        run_dir = require_run_dir(args.resume, ("checkpoints/latest", f"sft/{MANIFEST}"),
+        run_dir = require_run_dir(args.resume, ("checkpoints/latest", "checkpoints", f"sft/{MANIFEST}"),
                                   "a run with --recipe RECIPE --out DIR")  # fmt: skip
         recipe = load_recipe(run_dir / "recipe.yaml", overrides)
         saved = yaml.safe_load((run_dir / "recipe.yaml").read_text())

@@ -435,7 +435,8 @@ def test_every_algorithm_knob_is_reachable_from_the_recipe():
     assert (algo.std_eps, algo.baseline_momentum, algo.whiten_gae) == (0.01, 0.5, True)
 
 
-@pytest.mark.parametrize("damage_kind", ["bit flip", "truncated", "deleted", "dangling latest", "latest outside"])
+@pytest.mark.parametrize("damage_kind", ["bit flip", "truncated", "deleted", "dangling latest", "latest outside",
+                                         "latest missing", "checksums emptied"])  # fmt: skip
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, straight_run, damage_kind, capsys):
     import shutil
 
@@ -454,13 +455,28 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, stra
         weights.unlink()
     elif damage_kind == "dangling latest":
         (root / "latest").write_text("step-000099\n")
+    elif damage_kind == "latest missing":
+        (root / "latest").unlink()
+    elif damage_kind == "checksums emptied":
+        (newest / "checksums.json").write_bytes(b"")
     else:
         (root / "latest").write_text("../../../etc\n")
     found = latest_checkpoint(run)
-    if damage_kind in ("dangling latest", "latest outside"):  # the checkpoints themselves are intact
+    if damage_kind in ("dangling latest", "latest outside", "latest missing"):  # the checkpoints themselves are intact
         assert found == newest
     else:
         assert found is not None and found.name < newest.name
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and warning[0].startswith("ponder: warning: ") and found.name in warning[0]
     assert RLTrainer.from_recipe(resume_recipe(), run, reward=low_id_share).resume() == int(found.name[5:])
+
+
+def test_no_intact_checkpoint_refuses_to_resume_instead_of_starting_over(tmp_path, straight_run):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(straight_run, run)
+    for checkpoint in (run / "checkpoints").glob("step-*"):
+        (checkpoint / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="no intact checkpoint to resume from; start again with --overwrite"):
+        RLTrainer.from_recipe(resume_recipe(), run, reward=low_id_share).resume()

@@ -100,13 +100,14 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     one-line warning on stderr naming what was wrong). None when there is none."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / "latest"
-    if not pointer.is_file():
-        return None
-    named = pointer.read_text().strip()
     candidates = sorted((p for p in root.glob("step-*") if STEP_NAME.fullmatch(p.name)), reverse=True)
+    if not pointer.is_file() and not candidates:
+        return None
+    named = _read_pointer(pointer)
     if STEP_NAME.fullmatch(named):
         candidates = [root / named] + [p for p in candidates if p.name != named]
-    problem = None if STEP_NAME.fullmatch(named) else f"'latest' names {named!r}, not a checkpoint of this run"
+    problem = None if STEP_NAME.fullmatch(named) else (
+        f"'latest' names {named!r}, not a checkpoint of this run" if pointer.is_file() else "'latest' is missing")
     for path in candidates:
         why = damage(path)
         if why is None:
@@ -117,6 +118,13 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     if problem is not None:
         print(f"ponder: warning: {problem}; no intact checkpoint left", file=sys.stderr)
     return None
+
+
+def _read_pointer(pointer: Path) -> str:
+    try:
+        return pointer.read_text(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

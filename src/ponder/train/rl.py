@@ -237,6 +237,10 @@ class RLTrainer:
         """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
         path = latest_checkpoint(self.run_dir)
         if path is None:
+            if any((Path(self.run_dir) / "checkpoints").glob("step-*")):
+                # Starting over silently would mix a new run into the old one's metrics.
+                raise ValueError(f"{self.run_dir}: no intact checkpoint to resume from; "
+                                 "start again with --overwrite")  # fmt: skip
             return 0
         state = load_checkpoint(path)
         load_adapter_weights(self.policy.model, path)
