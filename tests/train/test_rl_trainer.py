@@ -436,7 +436,7 @@ def test_every_algorithm_knob_is_reachable_from_the_recipe():
 
 
 @pytest.mark.parametrize("damage_kind", ["bit flip", "truncated", "deleted", "dangling latest", "latest outside",
-                                         "latest missing", "checksums emptied"])  # fmt: skip
+                                         "latest missing", "checksums emptied", "checksums deleted"])  # fmt: skip
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, straight_run, damage_kind, capsys):
     import shutil
 
@@ -459,6 +459,8 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, stra
         (root / "latest").unlink()
     elif damage_kind == "checksums emptied":
         (newest / "checksums.json").write_bytes(b"")
+    elif damage_kind == "checksums deleted":
+        (newest / "checksums.json").unlink()
     else:
         (root / "latest").write_text("../../../etc\n")
     found = latest_checkpoint(run)

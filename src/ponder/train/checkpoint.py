@@ -82,7 +82,7 @@ def damage(path: Path) -> str | None:
     try:
         sums = json.loads((path / CHECKSUMS).read_text())
     except FileNotFoundError:
-        return None  # written before checksums existed: nothing to verify against
+        return f"{CHECKSUMS} missing"  # every checkpoint ponder writes is sealed with one
     except (OSError, ValueError) as err:
         return f"{CHECKSUMS} unreadable ({err})"
     for name, expected in sums.items():
