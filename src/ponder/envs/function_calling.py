@@ -18,7 +18,8 @@ Options (env.options):
   test_fraction: share of each category's questions held out (default 0.3).
   seed: the split's seed (default 0).
   n_train / n_eval: at most this many questions per category in each split, in data
-      order (0 = all).
+      order (0 = all); a mapping category → cap sets them one by one (unnamed: all),
+      e.g. to give irrelevance its BFCL share of a warm-up.
   max_description_chars: cut function and argument descriptions to this many
       characters in the prompt (0 = whole); they are most of a prompt's length.
   venv: bfcl-eval's virtual environment (default .venv-bfcl).
@@ -56,8 +57,8 @@ class FunctionCallingOptions:
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     test_fraction: float = 0.3
     seed: int = 0
-    n_train: int = 0
-    n_eval: int = 0
+    n_train: int | dict[str, int] = 0
+    n_eval: int | dict[str, int] = 0
     max_description_chars: int = 0
     venv: str = ".venv-bfcl"
 
@@ -71,13 +72,26 @@ class FunctionCallingOptions:
         parsed.categories = list(parsed.categories)
         wrong = [c for c in parsed.categories if c not in CATEGORIES]
         if wrong or not parsed.categories:
-            raise ValueError(f"env.options.categories: {wrong or 'empty'} not allowed; choose from {', '.join(CATEGORIES)} "
-                             "(live and multi-turn data are never used)")  # fmt: skip
+            raise ValueError(f"env.options.categories: {wrong or 'empty'} not allowed; choose from "
+                             f"{', '.join(CATEGORIES)} (live and multi-turn data are never used)")  # fmt: skip
         if not 0.0 < parsed.test_fraction < 1.0:
             raise ValueError(f"env.options.test_fraction must be in (0, 1), got {parsed.test_fraction}")
-        if parsed.n_train < 0 or parsed.n_eval < 0 or parsed.max_description_chars < 0:
-            raise ValueError("env.options n_train, n_eval and max_description_chars must be >= 0 (0 = no cap)")
+        for name in ("n_train", "n_eval"):
+            caps = getattr(parsed, name)
+            caps = dict(caps) if isinstance(caps, dict) else {c: caps for c in parsed.categories}
+            if set(caps) - set(parsed.categories) or not all(isinstance(n, int) and n >= 0 for n in caps.values()):
+                raise ValueError(f"env.options.{name}: {getattr(parsed, name)!r}; give a count >= 0 (0 = all) or a "
+                                 "mapping of the chosen categories to counts")  # fmt: skip
+            setattr(parsed, name, caps)
+        if parsed.max_description_chars < 0:
+            raise ValueError("env.options.max_description_chars must be >= 0 (0 = whole descriptions)")
         return parsed
+
+    def cap(self, split: str, category: str) -> int | None:
+        """The slice end for `category` in `split` ("n_train" or "n_eval"): None = all."""
+        caps = getattr(self, split)
+        count = caps.get(category, 0) if isinstance(caps, dict) else caps
+        return count or None
 
 
 # --- tasks -------------------------------------------------------------------------------
@@ -124,8 +138,8 @@ def load_function_calling_tasks(options: FunctionCallingOptions) -> tuple[list[T
         questions = load_questions(data_dir, category)
         test = [q for q in questions if is_test_question(q.id, options.test_fraction, options.seed)]
         rest = [q for q in questions if not is_test_question(q.id, options.test_fraction, options.seed)]
-        train.append([question_task(q) for q in rest[: options.n_train or None]])
-        held_out.append([question_task(q) for q in test[: options.n_eval or None]])
+        train.append([question_task(q) for q in rest[: options.cap("n_train", category)]])
+        held_out.append([question_task(q) for q in test[: options.cap("n_eval", category)]])
     return interleave(train), interleave(held_out)
 
 
@@ -255,7 +269,8 @@ class BfclReward:
     def __call__(self, trajectory: Trajectory, task: Task) -> float:
         if not trajectory.turns or trajectory.turns[0].error is not None:
             return 0.0
-        verdict = self.checker.verdict(task.metadata.get("category", task.kind), python_call_text(trajectory.turns[0]), task)
+        category = task.metadata.get("category", task.kind)
+        verdict = self.checker.verdict(category, python_call_text(trajectory.turns[0]), task)
         return 1.0 if verdict["valid"] else 0.0
 
 
