@@ -118,7 +118,7 @@ def test_unknown_tool_is_an_error_observation_not_retried(tokenizer):
 
 
 def test_a_hanging_tool_times_out_and_the_loop_goes_on(tokenizer):
-    @tool
+    @tool(isolation="process")  # blocked in C (sleep): only a kill stops it at the limit
     def hang() -> str:
         """Never returns."""
         time.sleep(30)
@@ -128,12 +128,25 @@ def test_a_hanging_tool_times_out_and_the_loop_goes_on(tokenizer):
     started = time.monotonic()
     state = make(tokenizer, [call("hang"), "it hung"], [hang], config).run("q", key="t1")
     assert time.monotonic() - started < 3
-    assert state.trace[-1].error == "tool 'hang' timed out after 0.2 s" and len(state.trace) == 2
+    # Not retried: the call may have half-run, and the tool is not marked idempotent.
+    assert state.trace[-1].error == "tool 'hang' timed out after 0.2 s" and len(state.trace) == 1
     assert state.answer == "it hung"
 
 
+def test_a_timed_out_call_is_retried_only_when_the_tool_is_idempotent(tokenizer):
+    @tool(isolation="process", idempotent=True)
+    def lookup_slowly() -> str:
+        """Never returns in time."""
+        time.sleep(30)
+        return "never"
+
+    config = AgentConfig(tools={"lookup_slowly": ToolPolicy(timeout_s=0.2, retries=2, backoff_s=0.0)})
+    state = make(tokenizer, [call("lookup_slowly"), "gave up"], [lookup_slowly], config).run("q", key="t1")
+    assert [(a.kind, a.ok) for a in state.trace] == [("call", False), ("retry", False), ("retry", False)]
+
+
 def test_the_run_time_limit_caps_a_tool_timeout(tokenizer):
-    @tool
+    @tool(isolation="process")
     def slow() -> str:
         """Takes ten seconds."""
         time.sleep(10)
@@ -157,5 +170,6 @@ def test_a_ten_megabyte_result_is_cut(tokenizer):
     state = make(tokenizer, [call("firehose"), "ok"], [firehose], config).run("q", key="t1")
     observation = state.messages[3]["content"]
     assert len(observation) < 1100
-    assert observation.endswith("…[truncated: 9999000 more characters]\n</tool_response>")
+    # The registry keeps the first 100,000 characters (plus its cut mark); the agent cuts that to 1000.
+    assert observation.endswith("…[truncated: 99031 more characters]\n</tool_response>")
     assert state.status == ANSWERED

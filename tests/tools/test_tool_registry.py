@@ -30,7 +30,7 @@ def divide(a: float, b: float) -> float:
     return a / b
 
 
-@tool(timeout_s=0.2)
+@tool(timeout_s=0.2, isolation="process")  # time.sleep blocks in C: only a kill stops it at the limit
 def sleepy(seconds: float) -> str:
     """Sleep, then say so.
 

@@ -25,7 +25,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-@tool
+@tool(isolation="process")  # blocked in C (sleep): only a kill stops it at the limit
 def nap() -> str:
     """Sleep for a second."""
     time.sleep(1.0)

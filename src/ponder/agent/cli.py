@@ -75,6 +75,18 @@ def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] |
     return Agent(policy, tools, config, on_event=on_event)
 
 
+def argument_text(text: str) -> str:
+    """A command-line argument as the user typed it. Bytes that are not UTF-8 reach Python
+    as lone surrogates (surrogateescape), which tokenizers and JSON output refuse: each
+    such byte becomes U+FFFD, the Unicode replacement character."""
+    from ponder.tools.limits import encodable
+
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate no OS decoding makes (passed in from Python)
+        return encodable(text)
+
+
 def _read_json(path: str) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
@@ -88,7 +100,7 @@ def cmd_run_agent(args: argparse.Namespace) -> int:
     from ponder.fileio import write_text_atomic
 
     agent = build_agent(args)
-    task: Any = AgentState.load(args.resume) if args.resume else args.task
+    task: Any = AgentState.load(args.resume) if args.resume else argument_text(args.task)
     state = agent.run(task, max_steps=args.max_steps)
     if args.save_state:
         state.save(args.save_state)

@@ -23,8 +23,8 @@ class ToolPolicy:
     """How one tool is called.
 
     timeout_s: limit per attempt (None: the tool's own, else the registry default).
-    retries: extra attempts after a transient failure (the tool raised or timed out);
-        invalid arguments and unknown tools are never retried.
+    retries: extra attempts after a transient failure (the tool raised, or timed out
+        and is marked idempotent); invalid arguments and unknown tools are never retried.
     backoff_s: wait before the first retry; each later retry waits backoff_factor times longer.
     backoff_factor: growth of the wait between retries.
     fallbacks: tools tried in order, with the same arguments, when every attempt at this

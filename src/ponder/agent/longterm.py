@@ -131,7 +131,8 @@ class LongTermMemory:
 
         memory = self
 
-        @tool
+        # In this process: the memory is a SQLite connection, which must not cross a fork.
+        @tool(isolation="thread")
         def remember(note: str) -> str:
             """Save a note to long-term memory for later tasks.
 
@@ -140,7 +141,7 @@ class LongTermMemory:
             """
             return f"remembered (id {memory.add(note)})"
 
-        @tool
+        @tool(isolation="thread")
         def recall(query: str) -> str:
             """Recall the notes most related to a query from long-term memory.
 

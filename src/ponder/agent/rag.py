@@ -93,7 +93,7 @@ class RagIndex:
             description=f"Search the local documents ({sources}) and return passages with their source, page or row.",
             parameters=dict(QUERY_PARAMETERS),
         )
-        return Tool(spec, run)
+        return Tool(spec, run, isolation="thread")  # the index lives in this process
 
 
 def _retriever(documents: list[Document], kind: str, encoder: Any) -> Retriever:

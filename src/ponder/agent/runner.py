@@ -4,8 +4,10 @@
 `call(call, timeout_s)` and never raises), so the agent keeps the one parse →
 validate → call → observe step that rollouts use, and adds only the policy:
 - invalid arguments and unknown tools come back at once (retrying cannot fix them);
-- any other failure (the tool raised, timed out, or returned an error) is retried
-  `retries` times, waiting backoff_s, backoff_s·factor, …;
+- any other failure (the tool raised or returned an error) is retried `retries`
+  times, waiting backoff_s, backoff_s·factor, …; a call that timed out is retried
+  only when the tool is marked idempotent (it may have half-run: a retry could
+  repeat its side effect);
 - when every attempt failed, the declared fallbacks are tried in order with the same
   arguments; when they fail too, the model is told to answer from what it knows.
 Each attempt's limit is the tool's timeout capped by the run's remaining wall-clock time.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ponder.agent.config import AgentConfig
-from ponder.tools.registry import ToolRegistry
+from ponder.tools.registry import TimedOut, ToolRegistry
 from ponder.types import ToolCall, ToolResult
 
 ANSWER_FROM_MEMORY = "every tool for this failed; answer from what you already know"
@@ -76,6 +78,10 @@ class ToolRunner:
     def validate(self, call: ToolCall) -> str | None:
         return self.registry.validate(call)
 
+    @property
+    def max_calls_per_action(self) -> int:
+        return self.registry.max_calls_per_action
+
     def call(self, call: ToolCall, timeout_s: float | None = None) -> ToolResult:
         started = time.perf_counter()
         chain = [call.name] + [n for n in self.config.policy_for(call.name).fallbacks if n != call.name]
@@ -120,6 +126,8 @@ class ToolRunner:
             self._record(requested, call.name, kind, attempt, call, result.content if result.is_error else None,
                          result.elapsed_s)
             if not result.is_error or self._out_of_time():
+                break
+            if isinstance(result, TimedOut) and not self.registry.get(call.name).idempotent:
                 break
         return result
 

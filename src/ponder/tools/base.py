@@ -30,15 +30,33 @@ _SECTION_HEADER = re.compile(r"^[A-Z][A-Za-z ]*:\s*$")
 _ARG_LINE = re.compile(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 
-class Tool:
-    """A plain function the model may call, with the spec it is shown."""
+_ISOLATION_MODES = ("process", "thread")
 
-    def __init__(self, spec: ToolSpec, fn: Callable[..., Any], timeout_s: float | None = None):
+
+class Tool:
+    """A plain function the model may call, with the spec it is shown.
+
+    isolation: how a call is stopped at its limit (see ponder.tools.isolation):
+        "process" (a forked child, killed at the limit: for tools that may block or spin
+        in C, or must not be left half-run), "thread" (in this process, stopped at its
+        next Python instruction), or None for the registry's choice ("thread" by default).
+    idempotent: a call that timed out may be retried (it may have half-run: a retry
+        of a non-idempotent tool could repeat its side effect, so it is not retried).
+    """
+
+    def __init__(
+        self, spec: ToolSpec, fn: Callable[..., Any], timeout_s: float | None = None,
+        isolation: str | None = None, idempotent: bool = False,
+    ) -> None:  # fmt: skip
         if not _TOOL_NAME.match(spec.name):
             raise ValueError(f"tool name {spec.name!r} must match {_TOOL_NAME.pattern}")
+        if isolation is not None and isolation not in _ISOLATION_MODES:
+            raise ValueError(f"tool {spec.name!r}: isolation must be one of {_ISOLATION_MODES} or None")
         self.spec = spec
         self.fn = fn
         self.timeout_s = timeout_s
+        self.isolation = isolation
+        self.idempotent = idempotent
 
     @property
     def name(self) -> str:
@@ -48,7 +66,7 @@ class Tool:
         return self.fn(**kwargs)
 
     def __repr__(self) -> str:
-        return f"Tool(name={self.name!r}, timeout_s={self.timeout_s!r})"
+        return f"Tool(name={self.name!r}, timeout_s={self.timeout_s!r}, isolation={self.isolation!r})"
 
 
 class StatefulTool(abc.ABC):
@@ -59,10 +77,17 @@ class StatefulTool(abc.ABC):
     its first (handle) parameter, unless one is passed in; the name defaults to the
     class name in snake_case. The registry creates the
     handle lazily, once per registry, so building a registry per episode gives
-    each episode its own state.
+    each episode its own state. Calls run in this process (isolation "thread"),
+    where the handle lives; a call that timed out drops its handle (the next call
+    gets a fresh one) and is retried only when `idempotent`.
     """
 
-    def __init__(self, name: str | None = None, timeout_s: float | None = None, spec: ToolSpec | None = None):
+    isolation = "thread"
+
+    def __init__(
+        self, name: str | None = None, timeout_s: float | None = None, spec: ToolSpec | None = None,
+        idempotent: bool = False,
+    ) -> None:  # fmt: skip
         if spec is None:
             handle_param = next(iter(inspect.signature(self.call).parameters))
             spec = spec_from_function(self.call, name=name or _snake_case(type(self).__name__), skip=(handle_param,))
@@ -72,6 +97,7 @@ class StatefulTool(abc.ABC):
             raise ValueError(f"tool name {spec.name!r} must match {_TOOL_NAME.pattern}")
         self.spec = spec
         self.timeout_s = timeout_s
+        self.idempotent = idempotent
 
     @property
     def name(self) -> str:
@@ -93,18 +119,20 @@ class StatefulTool(abc.ABC):
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, timeout_s: float | None = None
-) -> Any:
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, timeout_s: float | None = None,
+    isolation: str | None = None, idempotent: bool = False,
+) -> Any:  # fmt: skip
     """Make a Tool from a typed function with a Google-style docstring.
 
-    Usable bare (`@tool`) or with options (`@tool(name="search", timeout_s=5)`).
+    Usable bare (`@tool`) or with options (`@tool(name="search", timeout_s=5,
+    isolation="thread", idempotent=True)`; see Tool for what they mean).
     Raises TypeError at decoration time when a parameter lacks a type hint or a
     docstring description, so a tool the model cannot understand never registers.
     """
 
     def build(function: Callable[..., Any]) -> Tool:
         spec = spec_from_function(function, name=name)
-        return Tool(spec, _fill_optional_none(function), timeout_s=timeout_s)
+        return Tool(spec, _fill_optional_none(function), timeout_s, isolation, idempotent)
 
     if fn is not None:
         return build(fn)

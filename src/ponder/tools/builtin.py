@@ -3,6 +3,8 @@
 Every tool here bounds its own work (expression size, process limits, bytes read) and
 reports bad input as an exception with a one-line message, which the registry turns
 into an error observation. Tools that need settings are built by `make_*` factories.
+Because they bound themselves, they run in the caller's process (isolation "thread")
+even in a registry that forks a process per call for other tools.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def _checked(value: Any) -> Any:
     return value
 
 
-@tool
+@tool(isolation="thread")
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression, e.g. "2 * (3 + 4) ** 2" or "sqrt(2) * pi".
 
@@ -116,7 +118,7 @@ def calculator(expression: str) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-@tool
+@tool(isolation="thread")
 def echo(text: str) -> str:
     """Return the text unchanged (useful to check that tool calling works).
 
@@ -138,7 +140,7 @@ def make_python_tool(timeout_s: float = 5.0, memory_mb: int = 256, max_output_ch
         return run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, max_output_chars=max_output_chars).render()
 
     # The sandbox enforces the limit itself; the registry's limit is only a backstop.
-    return tool(python, timeout_s=timeout_s + 5.0)
+    return tool(python, timeout_s=timeout_s + 5.0, isolation="thread")
 
 
 def make_read_file_tool(root: str | os.PathLike[str], max_bytes: int = 100_000) -> Tool:
@@ -163,7 +165,7 @@ def make_read_file_tool(root: str | os.PathLike[str], max_bytes: int = 100_000) 
         text = data[:max_bytes].decode("utf-8", errors="replace")
         return text + (f"\n…[cut at {max_bytes} bytes]" if len(data) > max_bytes else "")
 
-    return tool(read_file)
+    return tool(read_file, isolation="thread")
 
 
 # The arguments of every search tool: one free-text query.
@@ -184,4 +186,5 @@ def make_corpus_search_tool(retriever: Retriever, topk: int = 3, name: str = "se
         return format_hits(hits) if hits else "no results"
 
     description = "Search the local document collection and return the best-matching passages."
-    return Tool(ToolSpec(name=name, description=description, parameters=dict(QUERY_PARAMETERS)), run)
+    spec = ToolSpec(name=name, description=description, parameters=dict(QUERY_PARAMETERS))
+    return Tool(spec, run, isolation="thread")

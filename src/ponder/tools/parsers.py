@@ -4,7 +4,9 @@ A parser owns one action format end to end: what the model writes (`parse`), whe
 generation stops (`stop_strings`) and the text appended after the action
 (`format_results`, `format_error`). Parsers never raise on model output: anything
 malformed becomes `ParseResult.error`, a one-line message the model can read and
-correct on its next turn.
+correct on its next turn. That holds for any text (tests/fuzz checks it): JSON nested
+too deep for the decoder, integers too long to convert and lone surrogates are
+errors or replaced characters, and every scan is linear in the text's length.
 
 Formats:
 - "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen, Hermes).
@@ -20,9 +22,37 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ponder.tools.limits import check_json_value, encodable
 from ponder.types import ToolCall, ToolResult, ToolSpec
 
 _DECODER = json.JSONDecoder()
+
+
+def _decode_json(text: str, start: int = 0) -> tuple[Any, int, str | None]:
+    """(value, end, None) for the JSON value starting at `start`, or (None, position, why).
+
+    Never raises: besides JSONDecodeError, the decoder raises RecursionError on deep
+    nesting and ValueError on integers past Python's digit limit. Decoded values pass
+    `check_json_value` (bounded depth, encodable strings)."""
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        return None, exc.pos, exc.msg
+    except RecursionError:
+        return None, start, "nested too deeply"
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        return None, start, str(exc).split(":")[0]
+    value, why = check_json_value(value)
+    return (None, start, why) if why is not None else (value, end, None)
+
+
+def _loads(text: str) -> tuple[Any, str | None]:
+    """json.loads that never raises: (value, None) or (None, why)."""
+    text = text.strip()
+    value, end, why = _decode_json(text)
+    if why is None and end != len(text):
+        return None, "Extra data"
+    return value, why
 
 
 @dataclass
@@ -114,12 +144,11 @@ class HermesParser:
         """The call in the block opening at `pos`, the index after its close tag, or an error."""
         json_start = _skip_whitespace(body, pos + len(self._OPEN))
         unclosed = f"unclosed {self._OPEN} (generation cut off?); write {self._EXAMPLE}"
-        try:
-            obj, json_end = _DECODER.raw_decode(body, json_start)
-        except json.JSONDecodeError as exc:
+        obj, json_end, why = _decode_json(body, json_start)
+        if why is not None:
             if self._CLOSE not in body[json_start:]:
                 return None, 0, unclosed
-            where = f"{exc.msg} at char {exc.pos - json_start}"
+            where = f"{why} at char {json_end - json_start}"
             return None, 0, f"invalid JSON in {self._OPEN}: {where}; write {self._EXAMPLE}"
         close_at = _skip_whitespace(body, json_end)
         if not body.startswith(self._CLOSE, close_at):
@@ -140,13 +169,12 @@ class HermesParser:
         if arguments is None:
             arguments = {}
         if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError as exc:
-                return None, f"arguments of '{name}' are a string that is not valid JSON: {exc.msg}; give a JSON object"
+            arguments, why = _loads(arguments) if arguments.strip() else ({}, None)
+            if why is not None:
+                return None, f"arguments of '{name}' are a string that is not valid JSON: {why}; give a JSON object"
         if not isinstance(arguments, dict):
             return None, f"arguments of '{name}' must be a JSON object, got {_json_type_name(arguments)}"
-        return ToolCall(name=name.strip(), arguments=arguments, raw=raw), None
+        return ToolCall(name=name.strip(), arguments=arguments, raw=encodable(raw)), None
 
     def format_results(self, results: list[ToolResult]) -> str:
         return "\n".join(f"<tool_response>\n{_result_text(r)}\n</tool_response>" for r in results)
@@ -230,19 +258,17 @@ class ReActParser:
             example = '{"query": "..."}'
             return {}, f"empty Action Input for '{name}'; give its arguments as a JSON object, e.g. {example}"
         if given.startswith("{"):
-            try:
-                arguments, end = _DECODER.raw_decode(given)
-            except json.JSONDecodeError as exc:
-                return {}, f"invalid JSON in Action Input: {exc.msg} at char {exc.pos}; give a JSON object"
+            arguments, end, why = _decode_json(given)
+            if why is not None:
+                return {}, f"invalid JSON in Action Input: {why} at char {end}; give a JSON object"
             if given[end:].strip():
                 return {}, "unexpected text after the Action Input JSON object; end the action there"
             return arguments, None
         if given.startswith('"'):
-            try:
-                given = json.loads(given)
-            except json.JSONDecodeError:
-                pass  # a stray leading quote: keep the text as the model wrote it
-        return {self._single_parameter.get(name, "input"): given}, None
+            quoted, why = _loads(given)
+            # A stray leading quote (not one JSON string): keep the text as the model wrote it.
+            given = quoted if why is None and isinstance(quoted, str) else given
+        return {self._single_parameter.get(name, "input"): encodable(given)}, None
 
     def _thought(self, before: str) -> str | None:
         label = self._THOUGHT.search(before)
@@ -278,7 +304,6 @@ class SearchR1Parser:
     """
 
     name = "search_r1"
-    _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
     def __init__(
         self, tool_name: str = "search", argument: str = "query", call_tag: str | None = "search",
@@ -295,7 +320,7 @@ class SearchR1Parser:
         self._how = how or f"{call_how}answer with <answer>text</answer>"
 
     def parse(self, text: str) -> ParseResult:
-        thoughts = [t.strip() for t in self._THINK.findall(text) if t.strip()]
+        thoughts = [t.strip() for t in _think_blocks(text) if t.strip()]
         thought = "\n".join(thoughts) or None
         tags = list(self._tag.finditer(text))
         if not tags:
@@ -322,6 +347,20 @@ class SearchR1Parser:
 
     def format_error(self, error: str) -> str:
         return f"\n\n<{self.result_tag}>error: {error}</{self.result_tag}>\n\n"
+
+
+def _think_blocks(text: str) -> list[str]:
+    """What every closed `<think>…</think>` holds, in order. A linear scan: the regex
+    `<think>(.*?)</think>` restarts at every unclosed `<think>` (13 s on 140 kB of them)."""
+    blocks: list[str] = []
+    pos = 0
+    while (start := text.find("<think>", pos)) != -1:
+        end = text.find("</think>", start + len("<think>"))
+        if end == -1:
+            break
+        blocks.append(text[start + len("<think>") : end])
+        pos = end + len("</think>")
+    return blocks
 
 
 PARSERS: dict[str, type] = {

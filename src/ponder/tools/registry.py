@@ -3,7 +3,10 @@
 `ToolRegistry.call` is the only place a model's tool call touches user code. It
 never raises: unknown tools, invalid arguments, exceptions and timeouts all come
 back as `ToolResult(is_error=True)` with a one-line message the model can act on,
-because a bad call is part of an episode, not a crash of the rollout.
+because a bad call is part of an episode, not a crash of the rollout. A call is
+stopped at its limit, never left running (ponder.tools.isolation says how), and
+every text it returns passes `limits.safe_text` here, the one place tool output
+enters ponder.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,6 +24,8 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from ponder.tools.base import StatefulTool, Tool, tool
+from ponder.tools.isolation import ISOLATION_MODES, ToolTimedOut, call_in_process, call_in_thread, can_fork
+from ponder.tools.limits import DEFAULT_MAX_CALLS_PER_ACTION, DEFAULT_MAX_RESULT_CHARS, safe_text
 from ponder.types import ToolCall, ToolResult, ToolSpec
 
 logger = logging.getLogger(__name__)
@@ -32,18 +38,39 @@ _MAX_SHOWN_VALUE_CHARS = 60
 AnyTool = Tool | StatefulTool
 
 
+class TimedOut(ToolResult):
+    """The result of a call stopped at its limit. Its type, not its text, tells retry
+    logic that the call may have half-run (ToolRunner retries only idempotent tools)."""
+
+
 class ToolRegistry:
     """Tools by name, with validation against their JSON Schemas and timed calls.
 
     Stateful tools get one handle per registry, created on first call and released
     by `close()`; use `fresh_copy()` (or a new registry) per episode so episodes
     do not share state.
+
+    isolation: how plain function tools that do not declare their own run: "thread"
+        (in this process, stopped at the limit at their next Python instruction) or
+        "process" (a forked child, killed at the limit); see ponder.tools.isolation.
+    max_calls_per_action: calls one action may make; `run_tool_step` answers the rest
+        with an error result instead of running them.
+    max_result_chars: longest text a call may return; longer is cut, with a mark.
     """
 
     def __init__(
-        self, tools: Iterable[AnyTool | Callable[..., Any]] = (), default_timeout_s: float = DEFAULT_TIMEOUT_S
-    ):
+        self, tools: Iterable[AnyTool | Callable[..., Any]] = (), default_timeout_s: float = DEFAULT_TIMEOUT_S,
+        isolation: str = "thread", max_calls_per_action: int = DEFAULT_MAX_CALLS_PER_ACTION,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+    ) -> None:  # fmt: skip
+        if isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+        if max_calls_per_action < 1 or max_result_chars < 1:
+            raise ValueError("max_calls_per_action and max_result_chars must be >= 1")
         self.default_timeout_s = default_timeout_s
+        self.isolation = isolation
+        self.max_calls_per_action = max_calls_per_action
+        self.max_result_chars = max_result_chars
         self._tools: dict[str, AnyTool] = {}
         self._validators: dict[str, jsonschema.Draft202012Validator] = {}
         self._create_kwargs: dict[str, dict[str, Any]] = {}
@@ -90,7 +117,8 @@ class ToolRegistry:
 
     def fresh_copy(self) -> ToolRegistry:
         """The same tools and timeouts with no live handles: a registry for a new episode."""
-        copy = ToolRegistry(default_timeout_s=self.default_timeout_s)
+        copy = ToolRegistry(default_timeout_s=self.default_timeout_s, isolation=self.isolation,
+                            max_calls_per_action=self.max_calls_per_action, max_result_chars=self.max_result_chars)
         for name, registered in self._tools.items():
             copy.register(registered, create_kwargs=self._create_kwargs[name])
         return copy
@@ -117,7 +145,14 @@ class ToolRegistry:
         except Exception as exc:  # a registry bug must still not end the episode
             logger.exception("tool registry failed on %r", call.name)
             result = ToolResult(f"tool '{call.name}' failed in the registry: {type(exc).__name__}: {exc}", True)
-        return dataclasses.replace(result, name=call.name, elapsed_s=time.perf_counter() - started)
+        content = safe_text(result.content, self.max_result_chars)
+        return dataclasses.replace(result, content=content, name=call.name, elapsed_s=time.perf_counter() - started)
+
+    def isolation_of(self, name: str) -> str:
+        """How calls to tool `name` run: "process" or "thread" (see ponder.tools.isolation)."""
+        registered = self.get(name)
+        mode = registered.isolation or self.isolation
+        return mode if mode == "thread" or can_fork() else "thread"
 
     def close(self) -> None:
         """Release every stateful tool's handle; the registry may be used again afterwards.
@@ -147,31 +182,44 @@ class ToolRegistry:
         return self._run_with_timeout(registered, dict(call.arguments), limit)
 
     def _run_with_timeout(self, registered: AnyTool, arguments: dict[str, Any], limit: float) -> ToolResult:
-        # A daemon thread per call, not a pool: a hung tool cannot be killed, and a
-        # daemon thread neither blocks later calls nor keeps the interpreter alive.
-        outcome: dict[str, Any] = {}
+        def invoke() -> ToolResult:
+            return self._outcome(registered, arguments)
 
-        def work() -> None:
-            try:
-                outcome["value"] = self._invoke(registered, arguments)
-            except BaseException as exc:  # noqa: BLE001 - SystemExit in a tool is still the tool's error
-                outcome["error"] = exc
+        mode = self.isolation_of(registered.name)
+        if mode == "process":
+            with warnings.catch_warnings():  # Python 3.12+ warns on any fork of a threaded process
+                warnings.simplefilter("ignore", DeprecationWarning)
+                result = call_in_process(invoke, limit, registered.name)
+        else:
+            result = call_in_thread(invoke, limit, registered.name)
+        if result is not None:
+            return result
+        if isinstance(registered, StatefulTool):
+            self._drop_handle(registered.name)  # stopped mid-call: its state may be half-updated
+        return TimedOut(f"tool '{registered.name}' timed out after {limit:g} s", is_error=True)
 
-        worker = threading.Thread(target=work, name=f"ponder-tool-{registered.name}", daemon=True)
-        worker.start()
-        worker.join(max(limit, 0.0))
-        if worker.is_alive():
-            return ToolResult(f"tool '{registered.name}' timed out after {limit:g} s", is_error=True)
-        if "error" in outcome:
-            exc = outcome["error"]
-            message = f"{registered.name} raised {type(exc).__name__}"
-            return ToolResult(f"{message}: {exc}" if str(exc) else message, is_error=True)
-        return render_result(outcome["value"])
+    def _outcome(self, registered: AnyTool, arguments: dict[str, Any]) -> ToolResult:
+        """One call's result or error as text; runs in the worker thread or child process."""
+        try:
+            return render_result(self._invoke(registered, arguments))
+        except ToolTimedOut:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a tool is still the tool's error
+            return ToolResult(describe_exception(registered.name, exc), is_error=True)
 
     def _invoke(self, registered: AnyTool, arguments: dict[str, Any]) -> Any:
         if isinstance(registered, StatefulTool):
             return registered.call(self._handle_for(registered), **arguments)
         return registered(**arguments)
+
+    def _drop_handle(self, name: str) -> None:
+        handle = self._handles.pop(name, None)
+        if handle is None:
+            return
+        try:
+            self._tools[name].release(handle)  # type: ignore[union-attr]  # only StatefulTools hold handles
+        except Exception:
+            logger.exception("releasing the handle of timed-out tool %r failed", name)
 
     def _handle_for(self, registered: StatefulTool) -> Any:
         # A lock per tool: a slow create() of one tool must not stall calls to the others.
@@ -183,6 +231,16 @@ class ToolRegistry:
     def _unknown_message(self, name: str) -> str:
         available = ", ".join(self._tools) or "(none)"
         return f"unknown tool '{name}'; available: {available}"
+
+
+def describe_exception(name: str, exc: BaseException) -> str:
+    """'name raised Type: message', even for an exception whose str() itself fails."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    message = f"{name} raised {type(exc).__name__}"
+    return f"{message}: {text}" if text else message
 
 
 def render_result(value: Any) -> ToolResult:

@@ -11,9 +11,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ponder.tools.limits import DEFAULT_MAX_CALLS_PER_ACTION
 from ponder.tools.parsers import ParseResult, Parser
 from ponder.tools.registry import ToolRegistry
-from ponder.types import ToolResult, Turn
+from ponder.types import ToolCall, ToolResult, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +56,17 @@ def run_tool_step(
 
     `truncate` shortens each result's content (error messages included) before it
     is formatted, e.g. to a token budget; `timeout_s` overrides every tool's limit.
+    Calls past the registry's `max_calls_per_action` get an error result and are not run.
     """
     parsed = _safe_parse(text, parser)
     if parsed.answer is not None:
         return StepOutcome(parsed, [], None)
     if parsed.calls:
-        results = [registry.call(call, timeout_s=timeout_s) for call in parsed.calls]
+        cap = getattr(registry, "max_calls_per_action", DEFAULT_MAX_CALLS_PER_ACTION)
+        results = [
+            registry.call(call, timeout_s=timeout_s) if position < cap else _over_cap(call, cap)
+            for position, call in enumerate(parsed.calls)
+        ]
         if truncate is not None:
             results = [_truncated(result, truncate) for result in results]
         return StepOutcome(parsed, results, _safe_format(lambda: parser.format_results(results), parser))
@@ -77,6 +83,11 @@ def _safe_parse(text: str, parser: Parser) -> ParseResult:
     except Exception as exc:
         logger.exception("parser %r raised on an action", getattr(parser, "name", parser))
         return ParseResult([], error=f"could not parse the action ({type(exc).__name__}: {exc})")
+
+
+def _over_cap(call: ToolCall, cap: int) -> ToolResult:
+    message = f"not run: at most {cap} tool calls per action; make the others in your next action"
+    return ToolResult(message, is_error=True, name=call.name)
 
 
 def _truncated(result: ToolResult, truncate: Callable[[str], str]) -> ToolResult:
