@@ -1,7 +1,9 @@
 """`ponder …` — wires recipes, data, models and runners together; owns no logic.
 
 Bad input (recipe keys, model paths, corpus or task files) prints one line naming
-the problem and exits with code 2. Set PONDER_DEBUG=1 to see the traceback instead.
+the problem and exits with code 2; a bug of ponder's prints a one-line summary and
+the file holding its traceback, exit code 1; an interrupt exits 130. Set
+PONDER_DEBUG=1 to see the traceback instead.
 `key=value` recipe overrides may stand anywhere on the command line.
 """
 
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130
 MODEL_HELP = ("smollm2-135m (embedded), tiny, a local HF model dir, a ponder run / stage / checkpoint dir, "
               "or a hub id (downloads when the network allows)")
 
@@ -97,7 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe, to_dict
     from ponder.fileio import write_text_atomic
     from ponder.models.adapters import MANIFEST, load_adapter_weights
-    from ponder.rundir import check_resume_recipe, claim_run_dir, require_run_dir
+    from ponder.rundir import check_resume_recipe, claim_run_dir, discard_on_error, require_run_dir
     from ponder.train.progress import item_progress, training_progress
     from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
     from ponder.train.sft import warm_up
@@ -107,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = require_run_dir(args.resume, ("checkpoints/latest", "checkpoints", f"sft/{MANIFEST}"),
                                   "a run with --recipe RECIPE --out DIR")  # fmt: skip
         recipe = load_recipe(run_dir / "recipe.yaml", overrides)
-        saved = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+        saved = to_dict(load_recipe(run_dir / "recipe.yaml"))  # settings added to ponder since: defaults
         check_resume_recipe(saved, to_dict(recipe), args.allow_recipe_change)
         write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
     else:
@@ -116,13 +120,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     policy = prepare_policy(recipe)  # bad names and model paths fail before anything is written
     if not args.resume:
         run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
-        write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
-        if recipe.sft.steps > 0:
-            with item_progress("SFT steps", recipe.sft.steps) as advance:
-                warm_up(recipe, policy, run_dir / "sft", advance)
-    elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
-        load_adapter_weights(policy.model, run_dir / "sft")
-    trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
+    with discard_on_error(run_dir, fresh=not args.resume):
+        if not args.resume:
+            write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            if recipe.sft.steps > 0:
+                with item_progress("SFT steps", recipe.sft.steps) as advance:
+                    warm_up(recipe, policy, run_dir / "sft", advance)
+        elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
+            load_adapter_weights(policy.model, run_dir / "sft")
+        trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
     start = trainer.resume() if args.resume else 0
     print(f"ponder train: {recipe.algo.advantage}/{recipe.algo.loss} from step {start} to {recipe.train.steps} in {run_dir}")
     with training_progress(recipe.train.steps, start) as on_step:
@@ -147,12 +153,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ponder.train.demo import run_demo
     from ponder.train.report import demo_table
 
-    from ponder.rundir import claim_run_dir
+    from ponder.rundir import claim_run_dir, discard_on_error
 
     recipe = load_recipe(args.recipe, (QUICK_DEMO if args.quick else []) + args.overrides)
     out = claim_run_dir(args.out or ("runs/demo-quick" if args.quick else "runs/demo"), args.overwrite)
     console = Console(stderr=True)
-    results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from)
+    with discard_on_error(out):
+        results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from)
     _console().print(demo_table(results))
     console.print(f"wrote {out / 'results.json'} and plots in {out / 'rl' / 'plots'}")
     return 0
@@ -164,7 +171,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from ponder.config import PipelineRecipe, load_recipe
     from ponder.train.pipeline import check_pipeline, run_pipeline, stage_table_markdown
 
-    from ponder.rundir import claim_run_dir, require_run_dir
+    from ponder.rundir import claim_run_dir, discard_on_error, require_run_dir
 
     recipe = load_recipe(args.recipe, args.overrides, cls=PipelineRecipe)
     out = Path(args.out or recipe.pipeline.out)
@@ -174,7 +181,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     else:
         claim_run_dir(out, args.overwrite, can_resume=True)
     console = Console(stderr=True)
-    stages = run_pipeline(recipe, out, say=console.print)
+    with discard_on_error(out, fresh=not args.resume):
+        stages = run_pipeline(recipe, out, say=console.print)
     print(stage_table_markdown(stages), end="")
     console.print(f"wrote {out / 'results.json'} and one directory per stage in {out}")
     return 0
@@ -353,6 +361,29 @@ def main(argv: list[str] | None = None) -> int:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(f"ponder {args.command}: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"ponder {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # a bug of ponder's: one line here, the traceback in a file
+        if os.environ.get("PONDER_DEBUG"):
+            raise
+        where = _write_traceback(args.command)
+        summary = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
+        print(f"ponder {args.command}: internal error: {summary} (traceback in {where}; PONDER_DEBUG=1 "
+              "shows it here)", file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL
+
+
+def _write_traceback(command: str) -> str:
+    """The current exception's traceback in a file of its own; its path."""
+    import tempfile
+    import traceback
+
+    folder = Path(os.environ.get("PONDER_LOG_DIR") or Path(tempfile.gettempdir()) / "ponder-errors")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f"{command}-", suffix=".txt", delete=False) as handle:
+        handle.write(traceback.format_exc())
+    return handle.name
 
 
 if __name__ == "__main__":

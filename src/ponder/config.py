@@ -309,6 +309,9 @@ class TrainConfig:
     eval_every / eval_episodes: held-out evaluation cadence and size (0 = never).
     save_every: checkpoint every N steps (always at the end).
     out: run directory. nan_guard: stop on a NaN loss or reward.
+    stop_grace_s: after SIGINT/SIGTERM the run stops at the end of the current step
+        (with a checkpoint); if the step has not finished this many seconds later, it
+        stops at once (the last checkpoint resumes). 0 = wait for the step.
     """
 
     steps: int = 20
@@ -321,6 +324,7 @@ class TrainConfig:
     eval_episodes: int = 32
     save_every: int = 5
     out: str = "runs/train"
+    stop_grace_s: float = 10.0
 
 
 @dataclass
@@ -664,7 +668,7 @@ RANGES: dict[str, tuple[str, Any]] = {
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
-        "sft_trainer.steps",
+        "sft_trainer.steps", "train.stop_grace_s",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

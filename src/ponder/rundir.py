@@ -9,7 +9,9 @@ run, --resume.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 # What ponder writes at the top of a run, stage or evaluation directory.
@@ -57,6 +59,25 @@ def claim_run_dir(path: str | Path, overwrite: bool = False, can_resume: bool = 
     return path
 
 
+# Files that mean a run holds finished work: a sealed checkpoint, a saved adapter or
+# model (its ponder.json manifest), a finished pipeline stage.
+WORK_MARKERS = ("checksums.json", "ponder.json", "done.json")
+
+
+@contextlib.contextmanager
+def discard_on_error(path: Path, fresh: bool = True) -> Iterator[Path]:
+    """Run a command in a freshly claimed `path`; when it fails with an error before
+    anything of value is saved (bad tasks, a missing env, a broken model), the half-made
+    directory is removed, so a bad input leaves nothing behind. Work already saved, an
+    interrupt (Ctrl-C, SIGTERM) and a resumed run's directory are always kept."""
+    try:
+        yield path
+    except Exception:
+        if fresh and path.is_dir() and not any(any(path.rglob(m)) for m in WORK_MARKERS):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def require_run_dir(path: str | Path, needs: tuple[str, ...], what: str) -> Path:
     """`path` for --resume: it must exist and hold one of `needs` (relative paths)."""
     path = Path(path)
@@ -68,7 +89,8 @@ def require_run_dir(path: str | Path, needs: tuple[str, ...], what: str) -> Path
 # Recipe keys a resumed run may change: how long it runs and how often it saves or
 # evaluates. Anything else (LR, LoRA rank, reward weights, seeds …) would make the
 # continued run a different experiment from the one its checkpoints belong to.
-RESUMABLE_KEYS = ("train.steps", "train.save_every", "train.eval_every", "train.eval_episodes", "train.out")
+RESUMABLE_KEYS = ("train.steps", "train.save_every", "train.eval_every", "train.eval_episodes", "train.out",
+                  "train.stop_grace_s")  # fmt: skip
 
 
 def recipe_changes(saved: dict, new: dict, allowed: tuple[str, ...] = RESUMABLE_KEYS) -> list[str]:

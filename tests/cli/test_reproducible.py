@@ -91,3 +91,30 @@ def test_resume_refuses_a_changed_recipe_unless_allowed(tmp_path, capsys):
     assert "--resume with a changed recipe: optim.lr: 1e-05 -> 0.001" in line or "optim.lr" in line
     assert "--allow-recipe-change" in line
     assert main(["train", "--resume", str(run), "train.steps=3", "optim.lr=0.001", "--allow-recipe-change"]) == 0
+
+
+def test_a_bad_task_file_leaves_no_half_made_run_directory(tmp_path, capsys):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "question": "q?", "answers": ["x"]}\n{"id": "b"}\n')
+    for command in (["train", "--recipe", "recipes/search_qa_grpo.yaml"], ["demo", "--quick"]):
+        out = tmp_path / command[0]
+        code = main([*command, "--out", str(out), *TINY, f"env.train_tasks={tasks}", f"env.eval_tasks={tasks}"])
+        assert code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"{tasks}:2: task 'b' has no 'question'")
+        assert not out.exists()
+
+
+def test_an_internal_error_is_one_line_with_the_traceback_in_a_file(tmp_path, capsys, monkeypatch):
+    import ponder.cli
+
+    def broken(args):
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(ponder.cli, "cmd_plot", broken)
+    monkeypatch.setenv("PONDER_LOG_DIR", str(tmp_path))
+    monkeypatch.delenv("PONDER_DEBUG", raising=False)
+    assert main(["plot", str(tmp_path)]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("ponder plot: internal error: TypeError: unsupported operand (traceback in ")
+    written = next(tmp_path.glob("plot-*.txt")).read_text()
+    assert "Traceback" in written and 'raise TypeError("unsupported operand")' in written

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -482,3 +483,37 @@ def test_no_intact_checkpoint_refuses_to_resume_instead_of_starting_over(tmp_pat
         (checkpoint / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="no intact checkpoint to resume from; start again with --overwrite"):
         RLTrainer.from_recipe(resume_recipe(), run, reward=low_id_share).resume()
+
+
+STUCK_RUN = """
+import importlib.util, pathlib, sys, time
+spec = importlib.util.spec_from_file_location("rl_trainer_tests", sys.argv[1])
+tests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tests)
+from ponder.train.rl import RLTrainer
+
+def stuck(trajectory, task):  # a reward that never returns, like a hung verifier
+    pathlib.Path(sys.argv[3]).touch()
+    while True:
+        time.sleep(0.05)
+
+RLTrainer.from_recipe(tests.resume_recipe("train.stop_grace_s=1"), sys.argv[2], reward=stuck).train()
+"""
+
+
+def test_sigterm_stops_a_stuck_step_within_the_grace_period(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2] / "src"), env.get("PYTHONPATH", "")])
+    marker = tmp_path / "in-step"
+    command = [sys.executable, "-c", STUCK_RUN, __file__, str(tmp_path / "run"), str(marker)]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists(), process.stderr.read()[-2000:] if process.poll() is not None else "never reached the reward"
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert time.monotonic() - sent < 10  # the grace period is 1 s; generous for a loaded machine
+    assert "did not finish within 1 s of SIGTERM; stopping now" in stderr

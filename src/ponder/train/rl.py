@@ -7,8 +7,11 @@ loop looks estimators, losses and aggregations up by name in `ponder.algos`.
 from __future__ import annotations
 
 import math
+import os
 import random
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -269,9 +272,17 @@ class RLTrainer:
         return max(1, per_step * cfg.steps)
 
     def _request_stop(self, signum: int, frame: Any) -> None:
+        """The first SIGINT/SIGTERM stops after the current step, with a checkpoint; a
+        second one, or the watchdog after train.stop_grace_s, stops now (the last
+        checkpoint is intact: resume from it), even when a step is stuck in native code."""
         if self.stop_requested:  # a second signal means now
             raise KeyboardInterrupt
         self.stop_requested = True
+        grace = self.recipe.train.stop_grace_s
+        if grace > 0:
+            watchdog = threading.Timer(grace, _stop_now, (signum, grace))
+            watchdog.daemon = True
+            watchdog.start()
 
 
 def check_recipe(recipe: Recipe) -> None:
@@ -300,3 +311,9 @@ def _seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
 
+
+def _stop_now(signum: int, grace: float) -> None:
+    """The watchdog: the step did not finish within the grace period after a stop signal."""
+    print(f"ponder: the step did not finish within {grace:g} s of {signal.Signals(signum).name}; stopping now "
+          "(resume from the last checkpoint)", file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(128 + signum)
