@@ -1,5 +1,7 @@
 """cpu_matmul: both libraries compute the same products; the choice is measured or forced."""
 
+import json
+
 import pytest
 import torch
 
@@ -77,3 +79,16 @@ def test_frozen_linear_only_while_frozen():
     layer.requires_grad_(False)
     assert "FrozenLinearFunction" in type(layer(x.requires_grad_()).grad_fn).__name__
     assert torch.allclose(layer(x), x @ layer.weight.t() + layer.bias, atol=1e-6)
+
+
+def test_verdicts_are_kept_per_machine_so_every_process_rounds_alike(tmp_path, monkeypatch):
+    """A resumed run must pick the same library as the run it continues, even when the
+    CPU is loaded differently: the first measurement is kept on disk and wins."""
+    monkeypatch.setenv("PONDER_CACHE_DIR", str(tmp_path))
+    assert cpu_matmul._verdict("linear/8", lambda: True) is True
+    assert cpu_matmul._verdict("linear/8", lambda: False) is True  # kept, not re-measured
+    assert cpu_matmul._verdict("linear/16", lambda: False) is False
+    kept = json.loads(cpu_matmul._verdict_file().read_text())
+    assert kept == {"linear/8": True, "linear/16": False}
+    cpu_matmul._verdict_file().write_text("{not json")
+    assert cpu_matmul._verdict("linear/8", lambda: False) is False  # a damaged file is measured anew

@@ -5,8 +5,11 @@ its AVX2 path even where the CPU has AVX-512: on a 2-core AMD EPYC (Zen 5) sgemm
 at ~190 GFLOP/s at the update's shapes and streamed the decode step's weights at
 9-16 GB/s, where oneDNN, which ships inside torch too, ran at 400-470 GFLOP/s and
 35-78 GB/s (docs/benchmarks.md). On the Intel Xeons measured earlier the two were
-close, and oneDNN lost on square matrices at one row. So the choice is measured once
-per process (per row-count bucket, on a probe product), not assumed.
+close, and oneDNN lost on square matrices at one row. So the choice is measured, not
+assumed: once per machine (per row-count bucket, on a probe product), and kept in
+`$PONDER_CACHE_DIR/matmul-<cpu>.json`. Kept, because the two libraries round
+differently: a choice re-measured in every process flips under a loaded CPU, and a
+resumed run would then no longer be bit-identical to an uninterrupted one.
 
 - `linear(x, weight, bias)`: x @ weightᵀ + bias with either library; `weight` may be
   a transposed view (oneDNN reads the strides, no copy). No autograd: callers wrap
@@ -20,8 +23,12 @@ per process (per row-count bucket, on a probe product), not assumed.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import platform
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -70,12 +77,57 @@ def _prefer_onednn(rows: int) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _onednn_faster(rows: int) -> bool:
-    """Measured once per bucket: is oneDNN faster than sgemm on the probe product?"""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, _PROBE_SIZE, generator=generator)
-    weight = torch.randn(_PROBE_SIZE, _PROBE_SIZE, generator=generator)
-    onednn = best_time(lambda: onednn_linear(x, weight))
-    return onednn < best_time(lambda: F.linear(x, weight))
+    """Measured once per bucket and machine: is oneDNN faster than sgemm on the probe product?"""
+
+    def measure() -> bool:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(rows, _PROBE_SIZE, generator=generator)
+        weight = torch.randn(_PROBE_SIZE, _PROBE_SIZE, generator=generator)
+        onednn = best_time(lambda: onednn_linear(x, weight))
+        return onednn < best_time(lambda: F.linear(x, weight))
+
+    return _verdict(f"linear/{rows}", measure)
+
+
+def _verdict_file() -> Path:
+    """This machine's verdicts: one file per CPU model and torch version."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            cpu = next((line.split(":", 1)[1] for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    tag = hashlib.sha256(f"{cpu.strip()}|{torch.__version__}".encode()).hexdigest()[:12]
+    root = Path(os.environ.get("PONDER_CACHE_DIR", Path.home() / ".cache" / "ponder"))
+    return root / f"matmul-{tag}.json"
+
+
+def _verdict(key: str, measure: Callable[[], bool]) -> bool:
+    """The kept verdict for `key`, measured and kept (first writer wins) when there is none."""
+    path = _verdict_file()
+    kept = _read_verdicts(path)
+    if key in kept:
+        return kept[key]
+    value = measure()
+    kept = _read_verdicts(path)  # another process may have decided meanwhile: its verdict wins
+    if key not in kept:
+        kept[key] = value
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(kept, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: the verdict holds for this process only
+    return kept[key]
+
+
+def _read_verdicts(path: Path) -> dict[str, bool]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, bool)} if isinstance(data, dict) else {}
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -96,9 +148,13 @@ def packing_wins(weight: torch.Tensor, packed: torch.Tensor) -> bool:
         return choice == "onednn"
     shape = tuple(weight.shape)
     if shape not in _PACKING_VERDICTS:
-        inputs = [torch.randn(rows, weight.shape[1]) for rows in _DECODE_ROWS]
-        blocked = sum(best_time(lambda x=x: onednn_linear(x, packed)) for x in inputs)
-        _PACKING_VERDICTS[shape] = blocked < sum(best_time(lambda x=x: linear(x, weight)) for x in inputs)
+
+        def measure() -> bool:
+            inputs = [torch.randn(rows, weight.shape[1]) for rows in _DECODE_ROWS]
+            blocked = sum(best_time(lambda x=x: onednn_linear(x, packed)) for x in inputs)
+            return blocked < sum(best_time(lambda x=x: linear(x, weight)) for x in inputs)
+
+        _PACKING_VERDICTS[shape] = _verdict("pack/" + "x".join(map(str, shape)), measure)
     return _PACKING_VERDICTS[shape]
 
 
