@@ -62,12 +62,14 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe
     from ponder.envs import load_search_qa
     from ponder.tools.retrieval import build_retriever, load_corpus
-    from ponder.tools.retrieval.server import serve
+    from ponder.tools.retrieval.server import ServerLimits, api_key_from_env, serve
 
+    limits = ServerLimits(args.max_body_bytes, args.max_queries, args.max_topk, args.api_key or api_key_from_env())
     docs = load_corpus(args.corpus) if args.corpus else load_search_qa(load_recipe(args.recipe).env).corpus
     retriever = build_retriever(args.kind, docs)
-    print(f"serving {len(docs)} documents ({args.kind}) on http://{args.host}:{args.port}/retrieve", flush=True)
-    serve(retriever, host=args.host, port=args.port, topk=args.topk)
+    keyed = "; API key required" if limits.api_key else ""
+    print(f"serving {len(docs)} documents ({args.kind}) on http://{args.host}:{args.port}/retrieve{keyed}", flush=True)
+    serve(retriever, host=args.host, port=args.port, topk=args.topk, limits=limits)
     return 0
 
 
@@ -308,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--topk", type=int, default=3, help="results per query when a request gives none")
+    serve.add_argument("--api-key", help="require this key on /retrieve (Authorization: Bearer KEY); "
+                       "default $PONDER_RETRIEVER_API_KEY, which keeps it out of the process list")
+    serve.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413")
+    serve.add_argument("--max-queries", type=int, default=256, help="more queries in one request get 422")
+    serve.add_argument("--max-topk", type=int, default=100, help="a larger topk gets 422")
     serve.set_defaults(handler=cmd_serve_retriever)
 
     _add_training_commands(commands)

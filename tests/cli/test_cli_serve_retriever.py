@@ -81,3 +81,35 @@ def test_raw_search_r1_request_shape(server):
     assert response.status_code == 200
     assert result[0][0]["document"]["id"] == world.corpus[0]["id"]
     assert isinstance(result[0][0]["score"], float)
+
+
+def test_api_key_from_the_environment_and_request_limits(tmp_path):
+    import os
+
+    corpus = tmp_path / "corpus.jsonl"
+    write_jsonl(corpus, [{"id": "a", "contents": "lighthouse keeper"}, {"id": "b", "contents": "glass works"}])
+    port = _free_port()
+    env = {**os.environ, "PONDER_RETRIEVER_API_KEY": "k3y"}
+    command = [sys.executable, "-m", "ponder.cli", "serve-retriever", "--corpus", str(corpus), "--port", str(port),
+               "--max-queries", "2", "--max-body-bytes", "2000"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        banner = process.stdout.readline()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{url}/health", timeout=1.0)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        key = {"Authorization": "Bearer k3y"}
+        assert httpx.post(f"{url}/retrieve", json={"queries": ["lighthouse"]}).status_code == 401
+        answered = httpx.post(f"{url}/retrieve", json={"queries": ["lighthouse"]}, headers=key)
+        assert answered.json()["result"] == [[{"id": "a", "contents": "lighthouse keeper"}]]
+        assert httpx.post(f"{url}/retrieve", json={"queries": ["x"] * 3}, headers=key).status_code == 422
+        assert httpx.post(f"{url}/retrieve", json={"queries": ["x" * 3000]}, headers=key).status_code == 413
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert banner.strip() == f"serving 2 documents (bm25) on http://127.0.0.1:{port}/retrieve; API key required"

@@ -14,7 +14,7 @@ from ponder.tools.retrieval import (
     RetrievalError,
     build_retriever,
 )
-from ponder.tools.retrieval.server import build_server
+from ponder.tools.retrieval.server import ServerLimits, build_server
 
 DOCS = [
     Document("quellin", "Zorvath Quellin\nZorvath Quellin keeps the lighthouse on the isle of Brimmerhold."),
@@ -25,14 +25,14 @@ DOCS = [
 
 
 @contextlib.contextmanager
-def running_server(retriever, topk=3):
+def running_server(retriever, topk=3, limits=None):
     """Serve `retriever` from a background thread on a free loopback port; yield its URL."""
     # Binding port 0 ourselves and handing the socket to uvicorn avoids racing another
     # process for a port number picked in advance.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = build_server(retriever, host="127.0.0.1", port=port, topk=topk, log_level="warning")
+    server = build_server(retriever, host="127.0.0.1", port=port, topk=topk, log_level="warning", limits=limits)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -178,3 +178,97 @@ def test_connection_refused_raises_after_retries():
     assert "\n" not in message
     # A refused connection fails fast, so the time is the backoff: 0.2 + 0.4 s.
     assert 0.6 <= elapsed < 0.6 + 3.0
+
+
+# --- limits, API key, concurrency (issue 21, item 7) -------------------------------------
+
+
+def test_a_body_over_the_cap_gets_413_from_its_length_or_while_it_is_read(bm25):
+    limits = ServerLimits(max_body_bytes=10_000)
+    big = b'{"queries": ["' + b"x" * 50_000 + b'"]}'
+
+    def chunks():  # no Content-Length: the server must count while reading
+        for start in range(0, len(big), 4096):
+            yield big[start : start + 4096]
+
+    with running_server(bm25, limits=limits) as url:
+        declared = httpx.post(f"{url}/retrieve", content=big, headers={"content-type": "application/json"})
+        streamed = httpx.post(f"{url}/retrieve", content=chunks(), headers={"content-type": "application/json"})
+        fine = httpx.post(f"{url}/retrieve", json={"queries": ["fog"], "topk": 1})
+    assert declared.status_code == 413 and streamed.status_code == 413
+    assert fine.status_code == 200 and fine.json()["result"][0][0]["id"] == "ostravenne"
+
+
+def test_too_many_queries_or_too_large_a_topk_get_422(bm25):
+    limits = ServerLimits(max_queries=3, max_topk=5)
+    with running_server(bm25, limits=limits) as url:
+        many = httpx.post(f"{url}/retrieve", json={"queries": ["q"] * 4})
+        deep = httpx.post(f"{url}/retrieve", json={"queries": ["q"], "topk": 6})
+        fine = httpx.post(f"{url}/retrieve", json={"queries": ["q"] * 3, "topk": 5})
+    assert (many.status_code, many.json()) == (422, {"detail": "4 queries in one request; at most 3"})
+    assert (deep.status_code, deep.json()) == (422, {"detail": "topk 6 is larger than 5"})
+    assert fine.status_code == 200
+
+
+def test_an_api_key_is_required_when_set(bm25, monkeypatch):
+    monkeypatch.delenv("PONDER_RETRIEVER_API_KEY", raising=False)
+    body = {"queries": ["fog"], "topk": 1}
+    with running_server(bm25, limits=ServerLimits(api_key="s3cret")) as url:
+        missing = httpx.post(f"{url}/retrieve", json=body)
+        wrong = httpx.post(f"{url}/retrieve", json=body, headers={"Authorization": "Bearer guess"})
+        bearer = httpx.post(f"{url}/retrieve", json=body, headers={"Authorization": "Bearer s3cret"})
+        header = httpx.post(f"{url}/retrieve", json=body, headers={"X-API-Key": "s3cret"})
+        health = httpx.get(f"{url}/health")
+        with HttpRetriever(url, api_key="s3cret") as client:
+            assert [hit.doc_id for hit in client.search(["fog"], 1)[0]] == ["ostravenne"]
+        monkeypatch.setenv("PONDER_RETRIEVER_API_KEY", "s3cret")
+        with HttpRetriever(url) as client:  # the key from the environment
+            assert len(client.search(["fog"], 1)[0]) == 1
+        monkeypatch.delenv("PONDER_RETRIEVER_API_KEY")
+        with HttpRetriever(url, retries=2) as client:
+            with pytest.raises(RetrievalError, match=r"HTTP 401 .* after 1 attempt$"):
+                client.search(["fog"], 1)
+    assert (missing.status_code, wrong.status_code) == (401, 401)
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert bearer.status_code == header.status_code == health.status_code == 200
+
+
+def test_server_limits_reject_nonsense():
+    with pytest.raises(ValueError, match="max_queries must be >= 1"):
+        ServerLimits(max_queries=0)
+    with pytest.raises(ValueError, match="api_key must not be empty"):
+        ServerLimits(api_key=" ")
+
+
+class _Sleepy:
+    """Takes 50 ms per query; `thread_safe` as given."""
+
+    def __init__(self, thread_safe):
+        self.thread_safe = thread_safe
+
+    def search(self, queries, topk):
+        time.sleep(0.05 * len(queries))
+        return [[Hit(q, q, 1.0)] for q in queries]
+
+
+@pytest.mark.parametrize("thread_safe", [True, False])
+def test_a_large_request_does_not_hold_other_clients_behind_it(thread_safe):
+    limits = ServerLimits(max_queries=1000, chunk_queries=4)
+    with running_server(_Sleepy(thread_safe), limits=limits) as url:
+        finished = []
+
+        def large():
+            httpx.post(f"{url}/retrieve", json={"queries": [f"q{i}" for i in range(60)]}, timeout=30)
+            finished.append(time.monotonic())
+
+        worker = threading.Thread(target=large)
+        worker.start()
+        time.sleep(0.3)  # the large request (3 s of searching) is in flight
+        started = time.monotonic()
+        small = httpx.post(f"{url}/retrieve", json={"queries": ["mine"]}, timeout=30)
+        latency = time.monotonic() - started
+        worker.join()
+    assert small.json()["result"] == [[{"id": "mine", "contents": "mine"}]]
+    # Without a lock it runs at once; under the lock it waits for one chunk (0.2 s), not 3 s.
+    assert latency < (0.5 if thread_safe else 1.0)
+    assert finished[0] > started + latency

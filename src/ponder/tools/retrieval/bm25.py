@@ -47,6 +47,10 @@ class BM25Retriever:
     query may get fewer than `topk` hits.
     """
 
+    # A search only reads the index (bm25s score arrays, its vocabulary dict) and builds
+    # its own token lists, so the retrieval server may run searches concurrently.
+    thread_safe = True
+
     def __init__(self, docs: list[Document], k1: float = 1.5, b: float = 0.75) -> None:
         import bm25s
 

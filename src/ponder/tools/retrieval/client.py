@@ -40,10 +40,18 @@ class HttpRetriever:
 
     `timeout_s` bounds each attempt; `retries` extra attempts follow a timeout, a
     connection error or a 5xx answer, after waiting backoff_s, 2·backoff_s, 4·backoff_s…
-    A 4xx answer or a malformed body is not retried.
+    A 4xx answer or a malformed body is not retried. `api_key` (default:
+    $PONDER_RETRIEVER_API_KEY) is sent as a bearer token, for a server started with one.
     """
 
-    def __init__(self, url: str, timeout_s: float = 5.0, retries: int = 2, backoff_s: float = 0.2) -> None:
+    # httpx.Client is safe to share between threads.
+    thread_safe = True
+
+    def __init__(
+        self, url: str, timeout_s: float = 5.0, retries: int = 2, backoff_s: float = 0.2, api_key: str | None = None
+    ) -> None:
+        import os
+
         import httpx
 
         if retries < 0:
@@ -52,7 +60,9 @@ class HttpRetriever:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self._client = httpx.Client(timeout=timeout_s)
+        api_key = api_key or os.environ.get("PONDER_RETRIEVER_API_KEY") or None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self._client.close()

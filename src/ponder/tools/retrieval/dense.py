@@ -53,6 +53,9 @@ class DenseRetriever:
     between retrievers; by default the packaged all-MiniLM-L6-v2 is used.
     """
 
+    # Hugging Face fast tokenizers raise "Already borrowed" when two threads encode at once.
+    thread_safe = False
+
     def __init__(
         self, docs: list[Document], model: SentenceTransformer | None = None, batch_size: int = 64
     ) -> None:

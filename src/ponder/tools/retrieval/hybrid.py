@@ -119,6 +119,11 @@ class HybridRetriever:
         self.weights = None if weights is None else list(weights)
         self.fusion = fusion
 
+    @property
+    def thread_safe(self) -> bool:
+        """Concurrent searches are safe when they are safe in every fused retriever."""
+        return all(getattr(retriever, "thread_safe", False) for retriever in self.retrievers)
+
     def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
         """Top `topk` fused passages per query, best first."""
         depth = max(self.depth, topk)
