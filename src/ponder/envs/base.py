@@ -142,7 +142,7 @@ def _load_builtin_envs() -> None:
 
 
 # Modules whose import registers ponder's own environments.
-BUILTIN_ENV_MODULES: list[str] = ["ponder.envs.search_qa", "ponder.envs.function_calling", "ponder.envs.math"]
+BUILTIN_ENV_MODULES: list[str] = ["ponder.envs.search_qa", "ponder.envs.function_calling", "ponder.envs.math", "ponder.envs.code"]
 
 
 def load_tasks_from(source: str | os.PathLike[str]) -> list[Task]:
