@@ -65,7 +65,7 @@ def _sha(path: Path) -> str:
 
 @pytest.mark.parametrize(
     "path",
-    ["/etc/shadow", "/root/.bash_history", "/proc/1/environ", str(REPO / "pyproject.toml"), str(REPO / ".git/config"),
+    ["/etc/shadow", "/root/.bash_history", str(REPO / "pyproject.toml"), str(REPO / ".git/config"),
      sys.base_prefix + "/bin/python3"],
 )
 def test_host_files_cannot_be_read(run, path):
@@ -91,6 +91,7 @@ def test_listing_the_root_shows_only_the_jail(run):
 
 
 def test_the_host_environment_is_not_visible(run):
+    # also /proc/1/environ: bubblewrap's init, unreadable as root, empty otherwise
     code = "import os, glob\nprint(dict(os.environ))\nfor p in glob.glob('/proc/*/environ'):\n"
     code += "    try: print(open(p, 'rb').read())\n    except OSError as e: print(p, type(e).__name__)\n"
     result = run(code)
@@ -113,7 +114,8 @@ def test_a_hard_link_to_a_host_file_is_refused(run, host_file):
 def test_a_symlink_cannot_reach_the_host(run):
     code = "import os\nos.symlink('/etc/shadow', 's')\n" + _try("open('s').read()")
     code += _try("open('/proc/1/root/etc/shadow').read()")
-    assert run(code).stdout == "contained FileNotFoundError\ncontained PermissionError\n"
+    out = run(code).stdout.splitlines()
+    assert out[0] == "contained FileNotFoundError" and out[1] in ("contained PermissionError", "contained FileNotFoundError")
 
 
 # --- changing the host --------------------------------------------------------------
@@ -168,11 +170,13 @@ def test_kernel_settings_are_not_writable(run):
 # --- the old sandbox's holes: audit-hook tampering, unaudited process creation ------
 
 
-def test_tampering_with_main_changes_nothing(run):
+def test_tampering_with_main_changes_nothing(run, host_file):
+    # the escape that disabled every check of the audit-hook sandbox: blank its globals
     code = "import sys\nm = sys.modules['__main__']\nfor k in list(vars(m)):\n"
     code += "    if not k.startswith('__'): setattr(m, k, None)\n"
-    code += _try("open('/etc/shadow').read()") + _try("open('/etc/shadow', 'a')")
-    assert run(code).stdout == "contained FileNotFoundError\ncontained PermissionError\n"
+    code += _try("open('/etc/shadow').read()") + _try(f"open({str(host_file)!r}, 'w').write('owned')")
+    assert run(code).stdout == "contained FileNotFoundError\ncontained FileNotFoundError\n"
+    assert host_file.read_text() == "host data"
 
 
 @pytest.mark.skipif(sys.version_info[:2] not in ((3, 11), (3, 12)), reason="fork_exec's arguments differ by version")
@@ -364,7 +368,8 @@ def test_no_capabilities_no_new_privileges_and_a_seccomp_filter(run):
 
 def test_root_cannot_be_regained(run):
     code = "import os\n" + _try("os.setuid(0)") + _try("os.setgid(0)") + _try("os.chroot('/scratch')")
-    assert run(code).stdout == "contained PermissionError\n" * 3
+    out = run(code).stdout.splitlines()  # EPERM, or EINVAL where uid 0 is not even mapped (non-root host)
+    assert len(out) == 3 and all(line in ("contained PermissionError", "contained OSError") for line in out)
 
 
 def test_namespaces_and_mounts_are_refused(run):

@@ -2,9 +2,9 @@
 
 A `JailedWorker` is one `bwrap` process tree: new mount, PID, network, IPC, UTS and
 cgroup namespaces inside a new user namespace with nested ones forbidden, a
-read-only view of only the Python installation and the system libraries, a minimal
-/etc, a fresh /proc and /dev, a size-capped tmpfs at /scratch (also /tmp) and no network
-device but loopback. Inside runs `sandbox_worker.py`, which forks one child per piece
+read-only view of only the interpreter (binary, standard library, site-packages) and
+the system libraries, a minimal /etc, a fresh /proc and /dev, a size-capped tmpfs at
+/scratch (also /tmp), a read-only root, and no network device but loopback. Inside runs `sandbox_worker.py`, which forks one child per piece
 of code (rlimits, seccomp) and kills every leftover process after it.
 
 Where bubblewrap comes from (first found): `$PONDER_BWRAP`, `bwrap` on PATH (Debian's
@@ -185,34 +185,61 @@ def _system_library_args() -> list[str]:
     return args
 
 
-def _python_paths() -> tuple[str, str, list[str]]:
-    """(host prefix, interpreter path inside the jail, site-packages folders to bind)."""
+def _python_binds() -> tuple[list[tuple[str, str]], str]:
+    """Read-only (host path, jail path) binds for the interpreter, and its path in the jail.
+    Only what it needs: the binary, the standard library with lib-dynload, libpython when
+    it is shared and kept in the prefix, and the environment's site-packages; not the rest
+    of the prefix (bin/ with pip and friends, include/, share/), which for a system Python
+    is /usr."""
     prefix = os.path.realpath(sys.base_prefix)
+
+    def in_jail(path: str) -> str:
+        if not path.startswith(prefix + os.sep):
+            raise SandboxUnavailableError(f"{path} is not inside the Python prefix {prefix}")
+        return PYTHON_IN_JAIL + path[len(prefix) :]
+
     executable = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-    if not executable.startswith(prefix + os.sep):
-        raise SandboxUnavailableError(f"the interpreter {executable} is not inside its prefix {prefix}")
-    inside = PYTHON_IN_JAIL + executable[len(prefix) :]
+    base = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix, "installed_base": sys.base_prefix}
+    stdlib = [os.path.realpath(sysconfig.get_path(name, vars=base)) for name in ("stdlib", "platstdlib")]
+    binds = [(executable, in_jail(executable))] + [(folder, in_jail(folder)) for folder in dict.fromkeys(stdlib)]
+    library, libdir = sysconfig.get_config_var("INSTSONAME"), sysconfig.get_config_var("LIBDIR")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and library and libdir:
+        shared = os.path.realpath(os.path.join(libdir, library))
+        if shared.startswith(prefix + os.sep) and os.path.isfile(shared):
+            binds.append((shared, in_jail(shared)))
     packages = os.path.realpath(sysconfig.get_paths()["purelib"])
-    extra = [packages] if not packages.startswith(prefix + os.sep) else []
-    return prefix, inside, extra
+    if os.path.isdir(packages) and not any(packages.startswith(folder + os.sep) for folder in stdlib):
+        binds.append((packages, SITE_PACKAGES_IN_JAIL))
+    return binds, in_jail(executable)
+
+
+def _folders_for(paths: list[str]) -> list[str]:
+    """--dir for every parent folder of `paths` under /opt, outermost first: parents that
+    bwrap makes on its own are mode 0700, which the sandbox uid cannot enter."""
+    folders: dict[str, None] = {}
+    for path in paths:
+        parts = path.strip("/").split("/")[:-1]
+        for depth in range(2, len(parts) + 1):
+            folders["/" + "/".join(parts[:depth])] = None
+    return [arg for folder in folders for arg in ("--dir", folder)]
 
 
 def _filesystem_args(data_fds: tuple[int, int], limits: JailLimits) -> list[str]:
     """The jail's whole file tree: read-only libraries and Python, a 3-file /etc, fresh
-    /proc and /dev (read-only: no uncapped /dev/shm), and the capped scratch tmpfs."""
-    prefix, _, site_packages = _python_paths()
+    /proc and /dev (read-only: no uncapped /dev/shm), the capped scratch tmpfs, and a
+    read-only root (bwrap's root tmpfs has no size cap and may belong to the sandbox uid)."""
+    python, _ = _python_binds()
     passwd_fd, group_fd = data_fds
     args = ["--dir", "/usr", "--dir", "/opt", "--dir", "/etc"]  # made here: bwrap's implicit parents are 0700
-    args += _system_library_args()
-    args += ["--ro-bind", prefix, PYTHON_IN_JAIL]
-    if site_packages:
-        args += ["--ro-bind", site_packages[0], SITE_PACKAGES_IN_JAIL]
+    args += _system_library_args() + _folders_for([inside for _, inside in python])
+    for host, inside in python:
+        args += ["--ro-bind", host, inside]
     args += ["--perms", "0444", "--ro-bind-data", str(passwd_fd), "/etc/passwd"]
     args += ["--perms", "0444", "--ro-bind-data", str(group_fd), "/etc/group"]
     args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
     args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
     args += ["--perms", "01777", "--size", str(limits.scratch_bytes), "--tmpfs", "/scratch"]
-    return args + ["--symlink", "/scratch", "/tmp", "--chdir", "/scratch"]
+    return args + ["--symlink", "/scratch", "/tmp", "--chdir", "/scratch", "--remount-ro", "/"]
 
 
 def _worker_settings(limits: JailLimits, site_packages: list[str]) -> str:
@@ -236,7 +263,8 @@ def bwrap_command(
     bwrap: str, userns_fd: int | None, data_fds: tuple[int, int], limits: JailLimits
 ) -> list[str]:
     """The whole bwrap command line for one worker."""
-    _, python, site_packages = _python_paths()
+    binds, python = _python_binds()
+    site_packages = [host for host, inside in binds if inside == SITE_PACKAGES_IN_JAIL]
     args = [bwrap, *_identity_args(userns_fd)]
     args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--hostname", "sandbox", "--die-with-parent", "--new-session"]
@@ -288,6 +316,7 @@ class JailedWorker:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=self._errors,
+                env={},  # bwrap's own init would otherwise carry our environment (readable in /proc/1/environ)
                 pass_fds=passed,
                 start_new_session=True,
                 bufsize=0,

@@ -2,13 +2,13 @@
 
 Isolation layers (ponder.tools.jail, ponder.tools.sandbox_worker; docs/results-safety.md
 lists the escape probes they stop):
-- bubblewrap namespaces: mount (a read-only view of only the Python installation, its
-  site-packages and the system libraries; a 4-line /etc; no /root, /home, /work or host
-  /etc), PID (the code sees only its own processes; when the jail's init dies everything
-  in it dies), network (loopback only: nothing reaches the host or the internet), IPC,
+- bubblewrap namespaces: mount (a read-only view of only the interpreter, its standard
+  library and site-packages, and the system libraries; a 3-file /etc; a read-only root;
+  no /root, /home, /work, host /etc or host programs), PID (the code sees only its own
+  processes; when the jail's init dies everything in it dies), network (loopback only: nothing reaches the host or the internet), IPC,
   UTS, cgroup, and a user namespace in which nested user namespaces are forbidden;
 - the code runs as uid 1000 with no capabilities (`nobody` on the host when ponder runs
-  as root, so RLIMIT_NPROC holds), no new privileges, non-dumpable worker;
+  as root, so RLIMIT_NPROC holds) and no new privileges; the worker is non-dumpable;
 - a size-capped tmpfs as its only writable folder (/scratch, also /tmp), wiped before
   every run; rlimits: address space, CPU seconds, file size, processes, open files, no
   core dumps; a seccomp filter (x86_64) refusing ptrace, mount, namespaces, kernel

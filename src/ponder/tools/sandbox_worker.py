@@ -61,7 +61,7 @@ def _bpf(code, jt, jf, k):
 def seccomp_program(protected_pid):
     """A BPF filter: wrong arch -> kill; denied syscalls -> EPERM; clone3 -> ENOSYS (libc
     falls back to clone, whose flags we can read); clone with namespace flags -> EPERM;
-    signals, prlimit and pidfd_open aimed at the worker (or at -1 / its group) -> EPERM."""
+    signals, prlimit and pidfd_open aimed at the worker, its group, -1 or init -> EPERM."""
     load, jeq, jset, jge, ret = 0x20, 0x15, 0x45, 0x35, 0x06
     allow, eperm, enosys, kill = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38, 0x80000000
     prog = [
@@ -75,9 +75,9 @@ def seccomp_program(protected_pid):
         prog += [_bpf(jeq, 0, 1, number), _bpf(ret, 0, 0, eperm)]
     prog += [_bpf(jeq, 0, 1, _X86_64_CLONE3), _bpf(ret, 0, 0, enosys)]
     for number in _X86_64_SIGNALS.values():  # arg0 is the target pid for all of them
-        prog += [_bpf(jeq, 0, 6, number), _bpf(load, 0, 0, 16)]
-        prog += [_bpf(jeq, 2, 0, protected_pid), _bpf(jeq, 1, 0, -protected_pid), _bpf(jeq, 0, 1, -1)]
-        prog += [_bpf(ret, 0, 0, eperm), _bpf(ret, 0, 0, allow)]
+        prog += [_bpf(jeq, 0, 7, number), _bpf(load, 0, 0, 16)]
+        prog += [_bpf(jeq, 3, 0, protected_pid), _bpf(jeq, 2, 0, -protected_pid), _bpf(jeq, 1, 0, -1)]
+        prog += [_bpf(jeq, 0, 1, 1), _bpf(ret, 0, 0, eperm), _bpf(ret, 0, 0, allow)]
     prog += [_bpf(jeq, 0, 3, _X86_64_CLONE), _bpf(load, 0, 0, 16), _bpf(jset, 0, 1, _NAMESPACE_FLAGS)]
     prog += [_bpf(ret, 0, 0, eperm), _bpf(ret, 0, 0, allow)]
     return b"".join(prog)
