@@ -160,6 +160,8 @@ def test_no_jail_means_a_refusal_unless_weak_is_chosen(monkeypatch):
     message = str(refused.value)
     assert "\n" not in message and "no bubblewrap binary at /nonexistent/bwrap" in message
     assert "PONDER_SANDBOX=weak" in message
+    with pytest.raises(SandboxUnavailableError):
+        SandboxPool(size=1)
     assert run_python("print(1)", isolation="weak").stdout == "1\n"
     monkeypatch.setenv("PONDER_SANDBOX", "weak")
     assert run_python("import os\nos.fork()").stderr.endswith("PermissionError: sandbox: os.fork is not allowed")

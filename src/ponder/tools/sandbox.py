@@ -117,7 +117,11 @@ class SandboxPool:
         self._closed = False
         if not self._weak:
             first = self._spawner.submit(_start_jail, self._limits)
-            first.result()  # fail here, not in the first rollout, when no jail can start
+            try:
+                first.result()  # fail here, not in the first rollout, when no jail can start
+            except BaseException:
+                self._spawner.shutdown(wait=False)
+                raise
             self._idle.put(first)
             for _ in range(size - 1):
                 self._idle.put(self._spawner.submit(_start_jail, self._limits))
