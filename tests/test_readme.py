@@ -57,6 +57,10 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     'ponder tools search "convert 100 USD to EUR"': (SKIP, "needs `tools index`"),
     "ponder bench-agent --model smollm2-135m --retrieval-topk 0 5": (
         SKIP, "BFCL's checker in .venv-bfcl, minutes: tests/eval/test_bench_agent_samples.py"),
+    "ponder demo --recipe recipes/math.yaml --out runs/math": [*TINY, "env.options.n_train=16"],
+    "ponder demo --recipe recipes/code.yaml --out runs/code": [*TINY, "env.options.n_train=16"],
+    "ponder demo --recipe recipes/function_calling.yaml --out runs/fc": TINY,
+    "ponder demo --recipe examples/guess_number/recipe.yaml --out runs/guess": TINY,
     "ponder pipeline run recipes/pipeline_search_qa.yaml": PIPELINE,
     "ponder pipeline run recipes/pipeline_search_qa.yaml --resume": PIPELINE,
 }
@@ -93,6 +97,7 @@ def _run(command: str, extra: list[str], monkeypatch, capsys) -> str:
 def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # recipes resolve from any directory
     (tmp_path / "docs").symlink_to(ROOT / "docs")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # its README line runs from the repository root
     # `make demo` first: later commands reuse its warm-up
     _run("ponder demo --recipe recipes/demo.yaml --out runs/demo", TINY, monkeypatch, capsys)
     outputs = {}

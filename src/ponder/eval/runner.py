@@ -42,7 +42,8 @@ def evaluate(
 
     Everything that can fail on bad input (recipe, corpus, tasks, model) is loaded
     before any episode runs. on_ready(n_episodes) is called once loading is done.
-    oracle=True replays each task's oracle actions instead of sampling: the ceiling.
+    oracle=True replays each task's oracle actions instead of sampling: the ceiling
+    (the sampling caps on tokens do not apply to it).
     """
     if recipe.eval.episodes < 1:
         raise EvalInputError(f"eval.episodes must be at least 1, got {recipe.eval.episodes}")
@@ -61,7 +62,11 @@ def evaluate(
         else build_backend(policy, recipe, replace(recipe.rollout.sampling, temperature=recipe.eval.temperature),
                            seed=recipe.rollout.seed)
     )  # fmt: skip
-    engine = RolloutEngine(backend, factory, recipe.rollout)
+    rollout = recipe.rollout
+    if oracle:  # the ceiling is the solver's, not cut by the policy's sampling caps (as SFT replays it)
+        rollout = replace(rollout, sampling=replace(rollout.sampling, max_new_tokens_per_turn=1 << 16,
+                                                    max_total_tokens=1 << 20))  # fmt: skip
+    engine = RolloutEngine(backend, factory, rollout)
     if on_ready is not None:
         on_ready(len(tasks) * recipe.rollout.group_size)
     trajectories, stats = engine.run(tasks, on_episode_done)

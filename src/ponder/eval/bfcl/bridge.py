@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ponder.eval.bfcl.data import DEFAULT_VENV, BfclDataError
+from ponder.eval.bfcl.data import DEFAULT_VENV, BfclDataError, resolve_venv
 
 WORKER = Path(__file__).with_name("worker.py")
 
 
 def bfcl_python(venv: str | os.PathLike[str] = DEFAULT_VENV) -> Path:
     """The venv's interpreter; a one-line error saying how to create it when missing."""
-    python = Path(venv) / "bin" / "python"
+    python = resolve_venv(venv) / "bin" / "python"
     if not python.exists():
         raise BfclDataError(f"no bfcl-eval environment at {venv}; create it with `make bfcl-venv`")
     return python

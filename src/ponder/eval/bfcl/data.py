@@ -35,6 +35,16 @@ class BfclDataError(ValueError):
     """The BFCL data cannot be found or read; the message says what to do."""
 
 
+def resolve_venv(venv: str | os.PathLike[str]) -> Path:
+    """`venv` as given, or, when it is relative and not in the working directory, the one
+    `make bfcl-venv` made in ponder's checkout: ponder runs from any directory."""
+    path = Path(venv)
+    if path.is_absolute() or path.exists():
+        return path
+    checkout = Path(__file__).resolve().parents[4] / path
+    return checkout if checkout.exists() else path
+
+
 def find_data_dir(venv: str | os.PathLike[str] = DEFAULT_VENV) -> Path:
     """bfcl_eval/data inside `venv` (or $PONDER_BFCL_DATA when set)."""
     override = os.environ.get("PONDER_BFCL_DATA")
@@ -42,7 +52,7 @@ def find_data_dir(venv: str | os.PathLike[str] = DEFAULT_VENV) -> Path:
         if not Path(override, f"{VERSION_PREFIX}_simple_python.json").is_file():
             raise BfclDataError(f"PONDER_BFCL_DATA={override} holds no {VERSION_PREFIX}_simple_python.json")
         return Path(override)
-    found = sorted(Path(venv).glob("lib/python*/site-packages/bfcl_eval/data"))
+    found = sorted(resolve_venv(venv).glob("lib/python*/site-packages/bfcl_eval/data"))
     if not found:
         raise BfclDataError(f"bfcl-eval is not installed in {venv}; create it with `make bfcl-venv`")
     return found[-1]
