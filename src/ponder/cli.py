@@ -163,6 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with discard_on_error(out):
         results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from)
     _console().print(demo_table(results))
+    if "verdict" in results:
+        _console().print(results["verdict"], highlight=False)
     console.print(f"wrote {out / 'results.json'} and plots in {out / 'rl' / 'plots'}")
     return 0
 

@@ -62,6 +62,9 @@ def test_demo_writes_every_stage_and_the_sft_weights(first):
     assert (out / "sft" / "adapter_config.json").is_file()
     for stage in ("oracle", "base", "sft", "rl"):
         assert (out / f"eval-{stage}.parquet").is_file()
+    sft, rl = results["stages"]["sft"]["reward"], results["stages"]["rl"]["reward"]
+    assert results["rl_gain"]["gain"] == pytest.approx(rl - sft)  # one episode per task: the paired mean
+    assert results["verdict"].startswith(f"RL − SFT: {rl - sft:+.3f} (paired se ")
 
 
 def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
@@ -97,6 +100,19 @@ def test_paired_gain_hand_computed():
     assert g.se_paired == pytest.approx(math.sqrt(1 / 3) / 2)
     assert g.se_unpaired == pytest.approx(math.sqrt(1 / 3) / 2)  # the after-scores do not vary
     assert g.z == pytest.approx(0.5 / (math.sqrt(1 / 3) / 2))
+
+
+def test_verdict_says_whether_the_gain_is_more_than_two_paired_se():
+    from ponder.eval.gain import Gain, paired_by_task, verdict
+
+    helped = verdict(Gain(4, 0.5, 1.0, 0.5, 0.2, 0.3))
+    assert helped == "RL − SFT: +0.500 (paired se 0.200, 4 tasks): RL helped on this run (gain > 2 se)"
+    assert verdict(Gain(4, 0.5, 0.7, 0.2, 0.2, 0.3)).endswith("within noise on this run (|gain| ≤ 2 se)")
+    assert verdict(Gain(4, 0.5, 0.0, -0.5, 0.2, 0.3)).endswith("RL hurt on this run (loss > 2 se)")
+    # pairing is by task id, whatever the order of the episodes
+    before = [Trajectory("a", [], reward=0.0), Trajectory("b", [], reward=1.0)]
+    after = [Trajectory("b", [], reward=1.0), Trajectory("a", [], reward=1.0)]
+    assert paired_by_task(before, after).gain == 0.5
 
 
 def test_paired_gain_invariances():

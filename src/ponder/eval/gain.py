@@ -68,7 +68,7 @@ class StagePair:
 
 def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl") -> StagePair:
     """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder demo`)."""
-    from ponder.envs import load_search_qa
+    from ponder.wiring import build_env
 
     run_dir = Path(run_dir)
     paths = [run_dir / f"eval-{stage}.parquet" for stage in (before, after)]
@@ -80,13 +80,33 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl")
     if sorted(by_task) != sorted(t.task_id for t in first):
         raise ValueError(f"{run_dir}: stages '{before}' and '{after}' evaluated different tasks")
     recipe = load_recipe(run_dir / "recipe.yaml")
-    tasks = {t.id: t for t in load_search_qa(recipe.env).eval}
+    tasks = {t.id: t for t in build_env(recipe).eval}  # any environment's held-out tasks
     missing = sorted({t.task_id for t in first} - set(tasks))
     if missing:
         raise ValueError(f"{run_dir}: task '{missing[0]}' is not in the recipe's eval split")
     kinds = [tasks[t.task_id].kind for t in first]
     needed = [sum(action_kind(a) == "search" for a in tasks[t.task_id].oracle_actions) for t in first]
     return StagePair(first, [by_task[t.task_id] for t in first], kinds, needed)
+
+
+def paired_by_task(before: list[Trajectory], after: list[Trajectory]) -> Gain:
+    """The reward gain of `after` over `before`, episodes matched by task id."""
+    by_task = {t.task_id: t for t in after}
+    matched = [(b, by_task[b.task_id]) for b in before if b.task_id in by_task]
+    return paired_gain([_reward(b) for b, _ in matched], [_reward(a) for _, a in matched])
+
+
+def verdict(gain: Gain, before: str = "SFT", after: str = "RL") -> str:
+    """One line: the paired gain, its standard error, and whether it is more than noise."""
+    head = f"{after} − {before}: {gain.gain:+.3f} (paired se {gain.se_paired:.3f}, {gain.n} tasks)"
+    if not gain.se_paired > 0:
+        return f"{head}: no difference to judge"
+    z = gain.gain / gain.se_paired
+    if z > 2:
+        return f"{head}: {after} helped on this run (gain > 2 se)"
+    if z < -2:
+        return f"{head}: {after} hurt on this run (loss > 2 se)"
+    return f"{head}: within noise on this run (|gain| ≤ 2 se)"
 
 
 def stage_gain(pairs: list[StagePair], kind: str | None = None) -> Gain:

@@ -21,7 +21,8 @@ from ponder.train.memory import release_memory
 from ponder.train.progress import item_progress, training_progress
 from ponder.train.rl import RLTrainer, prepare_policy
 from ponder.train.sft import warm_up
-from ponder.types import save_trajectories
+from ponder.eval.gain import paired_by_task, verdict
+from ponder.types import load_trajectories, save_trajectories
 
 STAGES = ("base", "sft", "rl", "oracle")
 
@@ -75,6 +76,11 @@ def run_demo(
     if recipe.train.steps > 0:
         stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy))
         held_out("rl")
+        if "sft" in results["stages"]:
+            gain = paired_by_task(load_trajectories(run_dir / "eval-sft.parquet"),
+                                  load_trajectories(run_dir / "eval-rl.parquet"))  # fmt: skip
+            results["rl_gain"] = {"gain": gain.gain, "se_paired": gain.se_paired, "n": gain.n}
+            results["verdict"] = verdict(gain)
         plot_run(run_dir)  # the RL and SFT curves, each in its stage's plots/
     results["timing_s"]["total"] = time.perf_counter() - started
     plot_stages(results, run_dir / "stages.png")
