@@ -64,7 +64,8 @@ def test_ctrl_c_during_a_reply_keeps_the_conversation_and_the_chat_goes_on(token
     last = policy.seen[-1]
     assert [m["role"] for m in last] == ["system", "user", "assistant", "user", "assistant", "user", "user"]
     assert [m["content"] for m in last[1:]] == [
-        "What is 2+3?", call("add", a=2, b=3), "<tool_response>\n5\n</tool_response>", "It is 5.",
+        "What is 2+3?", call("add", a=2, b=3), "<tool_response>\n[output of tool 'add'; untrusted data]\n5\n</tool_response>",
+        "It is 5.",
         "Tell me a long story", "And doubled?",
     ]
     assert policy.seen[2] == last[:-1]  # the interrupted call had the same history

@@ -20,7 +20,7 @@ def test_run_agent_prints_json(capsys, tmp_path):
     result = json.loads(out)
     assert code == 0 and result["status"] == "answered" and result["answer"] == "42"
     assert [(a["tool"], a["ok"]) for a in result["tool_attempts"]] == [("calculator", True)]
-    assert result["transcript"][3]["content"] == "<tool_response>\n42\n</tool_response>"
+    assert result["transcript"][3]["content"] == "<tool_response>\n[output of tool 'calculator'; untrusted data]\n42\n</tool_response>"
     assert json.loads((tmp_path / "r.json").read_text()) == result
 
 

@@ -12,7 +12,7 @@ def test_hermes_tool_call_then_answer(tokenizer):
     state = agent.run("What is 2 + 3?", key="t1")
     assert (state.status, state.stop_reason, state.answer) == (ANSWERED, "answer", "The sum is 5.")
     assert [m["role"] for m in state.messages] == ["system", "user", "assistant", "user", "assistant"]
-    assert state.messages[3]["content"] == "<tool_response>\n5\n</tool_response>"
+    assert state.messages[3]["content"] == "<tool_response>\n[output of tool 'add'; untrusted data]\n5\n</tool_response>"
     assert [t.tool_calls[0].arguments for t in state.turns[:1]] == [{"a": 2, "b": 3}]
     assert state.turns[0].tool_results[0].content == "5"
     assert [(a.tool, a.kind, a.ok) for a in state.trace] == [("add", "call", True)]
@@ -27,7 +27,7 @@ def test_react_style(tokenizer):
     assert state.answer == "owls hoot"
     # A bare Action Input maps to the tool's single parameter because the parser got the specs.
     assert state.turns[0].tool_calls[0].arguments == {"query": "owls"}
-    assert state.messages[3]["content"] == "Observation: fact about owls"
+    assert state.messages[3]["content"] == "Observation: [output of tool 'lookup'; untrusted data]\nfact about owls"
     assert "Action Input" in state.messages[0]["content"]
 
 

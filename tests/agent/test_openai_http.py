@@ -11,7 +11,7 @@ def test_agent_over_an_http_endpoint_with_text_tool_calls(tokenizer):
         policy = load_chat_policy(url, api_model="scripted")
         state = Agent(policy, [add]).run("What is 20 + 22?")
     assert (state.status, state.answer) == (ANSWERED, "The answer is 42.")
-    assert state.messages[3]["content"] == "<tool_response>\n42\n</tool_response>"
+    assert state.messages[3]["content"] == "<tool_response>\n[output of tool 'add'; untrusted data]\n42\n</tool_response>"
     assert requests[0]["model"] == "scripted" and requests[0]["stream"] is False
     assert [m["role"] for m in requests[1]["messages"]] == ["system", "user", "assistant", "user"]
     assert state.counters.generated_tokens == 14  # the endpoint's usage, 7 per reply

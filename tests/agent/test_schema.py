@@ -96,7 +96,7 @@ def test_tool_arguments_are_validated_before_any_call(tokenizer):
     agent, _ = scripted_agent(tokenizer, turns, tools=[scale])
     state = agent.run("q", key="t1")
     assert calls == [7]
-    assert state.messages[3]["content"] == "<tool_response>\nerror: scale: argument 'x' must be integer, got \"seven\"\n</tool_response>"
+    assert state.messages[3]["content"] == "<tool_response>\n[output of tool 'scale'; untrusted data]\nerror: scale: argument 'x' must be integer, got \"seven\"\n</tool_response>"
     assert "unexpected argument 'y'" in state.messages[5]["content"]
     assert "missing required argument 'x'" in state.messages[5]["content"]
     assert [a.ok for a in state.trace] == [False, False, True]

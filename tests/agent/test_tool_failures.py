@@ -43,7 +43,7 @@ def test_retries_with_exponential_backoff_until_success(tokenizer):
     assert sleeps == [0.1, 0.1 * 3.0]
     assert [(a.kind, a.attempt, a.ok) for a in state.trace] == [("call", 0, False), ("retry", 1, False), ("retry", 2, True)]
     assert state.trace[0].error == "flaky raised ConnectionError: transient failure 1"
-    assert state.messages[3]["content"] == "<tool_response>\ngot x\n</tool_response>"
+    assert state.messages[3]["content"] == "<tool_response>\n[output of tool 'flaky'; untrusted data]\ngot x\n</tool_response>"
 
 
 def test_retries_are_bounded(tokenizer):
@@ -51,7 +51,7 @@ def test_retries_are_bounded(tokenizer):
     config = AgentConfig(tool_policy=ToolPolicy(retries=2, backoff_s=0.0))
     state = make(tokenizer, [call("flaky", query="x"), "gave up"], [flaky], config, []).run("q", key="t1")
     assert counts["calls"] == 3 and len(state.trace) == 3
-    assert state.messages[3]["content"] == "<tool_response>\nerror: flaky raised ConnectionError: transient failure 3\n</tool_response>"
+    assert state.messages[3]["content"] == "<tool_response>\n[output of tool 'flaky'; untrusted data]\nerror: flaky raised ConnectionError: transient failure 3\n</tool_response>"
     assert state.status == ANSWERED
 
 
@@ -113,7 +113,7 @@ def test_when_every_fallback_fails_the_model_is_told_to_answer_from_memory(token
 def test_unknown_tool_is_an_error_observation_not_retried(tokenizer):
     config = AgentConfig(tool_policy=ToolPolicy(retries=3))
     state = make(tokenizer, [call("teleport", to="mars"), "ok"], [search_b], config, []).run("q", key="t1")
-    assert state.messages[3]["content"] == "<tool_response>\nerror: unknown tool 'teleport'; available: search_b\n</tool_response>"
+    assert state.messages[3]["content"] == "<tool_response>\n[output of tool 'teleport'; untrusted data]\nerror: unknown tool 'teleport'; available: search_b\n</tool_response>"
     assert [(a.tool, a.ok) for a in state.trace] == [("teleport", False)]
 
 
@@ -169,7 +169,7 @@ def test_a_ten_megabyte_result_is_cut(tokenizer):
     config = AgentConfig(max_observation_chars=1000)
     state = make(tokenizer, [call("firehose"), "ok"], [firehose], config).run("q", key="t1")
     observation = state.messages[3]["content"]
-    assert len(observation) < 1100
+    assert len(observation) < 1100 + len("[output of tool 'firehose'; untrusted data]\n")  # the source line
     # The registry keeps the first 100,000 characters (plus its cut mark); the agent cuts that to 1000.
     assert observation.endswith("…[truncated: 99031 more characters]\n</tool_response>")
     assert state.status == ANSWERED

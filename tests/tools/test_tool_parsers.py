@@ -150,8 +150,14 @@ def test_hermes_wrong_argument_type_parses_then_registry_errors():
 
 def test_hermes_format_results_and_error():
     parser = HermesParser()
-    results = [ToolResult("first"), ToolResult("bad input", is_error=True)]
+    results = [ToolResult("first", name="a"), ToolResult("bad input", is_error=True, name="b")]
+    # Each result names its source; the parser's own error (below) is not tool output.
     assert parser.format_results(results) == (
+        "<tool_response>\n[output of tool 'a'; untrusted data]\nfirst\n</tool_response>\n"
+        "<tool_response>\n[output of tool 'b'; untrusted data]\nerror: bad input\n</tool_response>"
+    )
+    verbatim = HermesParser(escape=False, mark_source=False)
+    assert verbatim.format_results(results) == (
         "<tool_response>\nfirst\n</tool_response>\n<tool_response>\nerror: bad input\n</tool_response>"
     )
     assert parser.format_error("oops") == "<tool_response>\nerror: oops\n</tool_response>"
@@ -219,8 +225,10 @@ def test_react_wrong_argument_type_reaches_registry():
 
 def test_react_format_results_and_error():
     parser = ReActParser()
-    assert parser.format_results([ToolResult("3 hits")]) == "\nObservation: 3 hits\n"
-    assert parser.format_results([ToolResult("nope", is_error=True)]) == "\nObservation: error: nope\n"
+    header = "[output of tool 'search'; untrusted data]"
+    assert parser.format_results([ToolResult("3 hits", name="search")]) == f"\nObservation: {header}\n3 hits\n"
+    assert parser.format_results([ToolResult("nope", True, "search")]) == f"\nObservation: {header}\nerror: nope\n"
+    assert ReActParser(mark_source=False).format_results([ToolResult("3 hits")]) == "\nObservation: 3 hits\n"
     assert parser.format_error("bad") == "\nObservation: error: bad\n"
 
 

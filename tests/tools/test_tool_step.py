@@ -56,8 +56,9 @@ def test_hermes_several_calls_end_to_end_with_one_failing():
         ("add: argument 'a' must be integer, got \"2\"", True),
     ]
     assert outcome.observation == (
-        "<tool_response>\n5\n</tool_response>\n"
-        "<tool_response>\nerror: add: argument 'a' must be integer, got \"2\"\n</tool_response>"
+        "<tool_response>\n[output of tool 'add'; untrusted data]\n5\n</tool_response>\n"
+        "<tool_response>\n[output of tool 'add'; untrusted data]\n"
+        "error: add: argument 'a' must be integer, got \"2\"\n</tool_response>"
     )
 
 
@@ -69,7 +70,7 @@ def test_truncate_is_applied_to_each_result_before_formatting():
         truncate=lambda content: content[:10],
     )
     assert outcome.results[0].content == "Doc 1: owl"
-    assert outcome.observation == "\nObservation: Doc 1: owl\n"
+    assert outcome.observation == "\nObservation: [output of tool 'search'; untrusted data]\nDoc 1: owl\n"
 
 
 def test_answer_runs_no_tools_and_has_no_observation():
@@ -100,7 +101,8 @@ def test_unknown_tool_error_observation():
     outcome = run_tool_step(text, HermesParser(), make_registry())
     assert outcome.results[0].is_error is True
     assert outcome.observation == (
-        "<tool_response>\nerror: unknown tool 'browse'; available: search, add, nap\n</tool_response>"
+        "<tool_response>\n[output of tool 'browse'; untrusted data]\n"
+        "error: unknown tool 'browse'; available: search, add, nap\n</tool_response>"
     )
 
 

@@ -3,6 +3,11 @@
 `register(commands)` adds both to the `ponder` argument parser; `ponder.cli` calls it.
 Bad input (unknown tool, missing file, invalid config or schema file) raises
 ValueError / OSError, which `ponder.cli.main` prints as one line with exit code 2.
+
+Both run their tools behind a guard (ponder.tools.safety): tool output that reads as an
+injection is marked, and a tool named in `--sensitive` (or sensitive in `--safety`'s
+policy) runs only when the user approves it: `chat` asks y/N at the prompt; `run-agent`,
+with no one to ask, refuses it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files-root", help="folder the read_file tool may read")
     parser.add_argument("--corpus", help="JSONL corpus for the search tool")
     parser.add_argument("--docs", action="append", help="document file or folder for the rag tool (repeatable)")
+    parser.add_argument("--sensitive", default="",
+                        help="comma-separated tools that need the user's approval for every call (chat asks y/N)")
+    parser.add_argument("--safety", help="YAML/JSON safety policy: allow, sensitive, trusted, argument rules "
+                                         "(see ponder.tools.safety.policy)")
     parser.add_argument("--config", help="YAML file of AgentConfig fields (see ponder.agent.config)")
     parser.add_argument("--schema", help="JSON Schema file the final answer must match")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
@@ -60,8 +69,10 @@ def register(commands: Any) -> None:
     run.set_defaults(handler=cmd_run_agent)
 
 
-def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] | None = None) -> Any:
-    """The Agent the arguments describe; every input is checked before the model loads."""
+def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] | None = None,
+                confirm: Callable[[Any], bool] | None = None) -> Any:
+    """The Agent the arguments describe; every input is checked before the model loads.
+    `confirm(call) -> bool` approves sensitive calls (None: they are refused)."""
     from ponder.agent import Agent, AgentConfig, load_chat_policy
     from ponder.agent.toolbox import ToolboxOptions, build_tools
     from ponder.config import load_recipe
@@ -71,8 +82,40 @@ def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] |
         config.answer_schema = _read_json(args.schema)
     names = [name.strip() for name in args.tools.split(",") if name.strip()]
     tools = build_tools(names, ToolboxOptions(files_root=args.files_root, corpus=args.corpus, docs=args.docs))
+    guard = _guard(args, [getattr(t, "name", "") for t in tools], confirm)
     policy = load_chat_policy(args.model, temperature=args.temperature, seed=args.seed, api_model=args.api_model)
-    return Agent(policy, tools, config, on_event=on_event)
+    return Agent(policy, tools, config, on_event=on_event, guard=guard)
+
+
+def _guard(args: argparse.Namespace, tool_names: list[str], confirm: Callable[[Any], bool] | None) -> Any:
+    """The CLI's guard: the --safety policy plus --sensitive tools; flagged output is
+    marked, not cut (a person reads along); the monitor and the information-flow rule on."""
+    from ponder.tools.safety import Guard, GuardOptions, InjectionDetector, SafetyPolicy, ToolRule, TrajectoryMonitor
+
+    policy = SafetyPolicy.load(args.safety) if getattr(args, "safety", None) else SafetyPolicy()
+    for name in (n.strip() for n in (getattr(args, "sensitive", "") or "").split(",")):
+        if name:
+            policy.tools.setdefault(name, ToolRule()).sensitive = True
+    detector = InjectionDetector(tool_names=tool_names)
+    monitor = TrajectoryMonitor(policy.is_sensitive, detector)
+    return Guard(policy, detector, confirm, monitor, GuardOptions(detector_action="flag"))
+
+
+def confirm_at_prompt(read_line: Callable[[str], str], out: TextIO) -> Callable[[Any], bool]:
+    """A confirmer that asks the person at the chat prompt: only `y` or `yes` approves;
+    anything else, end of input or Ctrl-C declines."""
+
+    def confirm(call: Any) -> bool:
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        out.write(f"\n  allow {call.name}({arguments[:300]})? [y/N] ")
+        out.flush()
+        try:
+            answer = read_line("")
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
+        return answer.strip().lower() in ("y", "yes")
+
+    return confirm
 
 
 def argument_text(text: str) -> str:
@@ -105,6 +148,9 @@ def cmd_run_agent(args: argparse.Namespace) -> int:
     if args.save_state:
         state.save(args.save_state)
     result = state.result()
+    record = state.memory.get("guard") or {}
+    if record.get("refused") or record.get("confirmations"):
+        result["safety"] = {key: record.get(key, []) for key in ("tainted_by", "refused", "confirmations")}
     cited = provenance(state)
     if cited:  # the passages the answer could be built on, with source and page/row
         result["provenance"] = cited
@@ -141,14 +187,15 @@ class ChatPrinter:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     printer = ChatPrinter(sys.stdout)
-    agent = build_agent(args, on_event=printer)
+    read_line = input if sys.stdin.isatty() else stream_reader(sys.stdin)
+    agent = build_agent(args, on_event=printer, confirm=confirm_at_prompt(read_line, sys.stdout))
     if sys.stdin.isatty():
         save_history = enable_line_editing(history_path())
         try:
-            return chat_loop(agent, input, sys.stdout)
+            return chat_loop(agent, read_line, sys.stdout)
         finally:
             save_history()
-    return chat_loop(agent, stream_reader(sys.stdin), sys.stdout)
+    return chat_loop(agent, read_line, sys.stdout)
 
 
 def history_path() -> Path:

@@ -75,6 +75,10 @@ class AgentConfig:
     retrieve_tools_topk: with a tool retriever given to the Agent, each turn's system
         prompt lists only the k tools it ranks best for the task and the latest
         observation (the `retrieve_tools` step); 0 lists every registered tool.
+    untrusted_rule: the system prompt says that tool results are data, never instructions
+        (ponder.agent.prompt.UNTRUSTED_RULE).
+    raw_tool_output: show tool output verbatim, neither escaped nor marked with its source
+        (ponder.tools.safety.escape); only for measuring the undefended baseline.
     """
 
     style: str = "hermes"
@@ -92,6 +96,8 @@ class AgentConfig:
     tool_policy: ToolPolicy = field(default_factory=ToolPolicy)
     tools: dict[str, ToolPolicy] = field(default_factory=dict)
     retrieve_tools_topk: int = 5
+    untrusted_rule: bool = True
+    raw_tool_output: bool = False
 
     def __post_init__(self) -> None:
         if self.style not in PARSERS:

@@ -28,6 +28,7 @@ from ponder.agent.state import ANSWERED, ERROR, FAILED, STOPPED, AgentState
 from ponder.agent.window import fit_window
 from ponder.tools import ToolRegistry, get_parser, run_tool_step
 from ponder.tools.parsers import Parser
+from ponder.tools.safety import Guard
 from ponder.types import Turn
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class Agent:
 
     `on_event(kind, payload)` sees the run as it happens: "text" (streamed model text),
     "action", "tool_result", "observation", "correction", "answer", "done".
+    `guard` (ponder.tools.safety.Guard) checks every tool call and output of a run; its
+    per-run record lives in `state.memory["guard"]`.
     """
 
     def __init__(
@@ -61,21 +64,25 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         tool_retriever: ToolSelector | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.policy = policy
         self.tool_retriever = tool_retriever
+        self.guard = guard
         self.registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools or [])
         self.config = config or AgentConfig()
         self.on_event = on_event
         self.clock = clock
         self.sleep = sleep
-        options = {"specs": self.registry.specs()} if self.config.style == "react" else {}
+        options: dict[str, Any] = {"specs": self.registry.specs()} if self.config.style == "react" else {}
+        if self.config.raw_tool_output:
+            options.update(escape=False, mark_source=False)
         self.parser: Parser = get_parser(self.config.style, **options)
 
     def start(self, task: str, key: str | None = None, lessons: list[str] | None = None) -> AgentState:
         """A fresh state for `task`; `lessons` (reflection memory) go into the system prompt."""
         config = self.config
-        system = system_prompt(config.style, self.registry.specs(), config.instructions, config.answer_schema, lessons)
+        system = self._system_prompt(self.registry.specs(), lessons)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         state = AgentState(key=key or uuid.uuid4().hex[:12], task=task, messages=messages)
         if lessons:
@@ -206,17 +213,25 @@ class Agent:
         hits = self.tool_retriever.search([query], topk)[0]
         offered = [hit.spec.name for hit in hits if hit.spec.name in self.registry][:topk]
         specs = {spec.name: spec for spec in self.registry.specs()}
-        config = self.config
-        state.messages[0]["content"] = system_prompt(config.style, [specs[name] for name in offered],
-                                                     config.instructions, config.answer_schema,
-                                                     state.memory.get("lessons"))
+        state.messages[0]["content"] = self._system_prompt([specs[name] for name in offered],
+                                                           state.memory.get("lessons"))
         self._emit("tools_offered", offered)
         return offered
+
+    def _system_prompt(self, specs: list[Any], lessons: list[str] | None) -> str:
+        # Tools the guard's allow-list refuses are not offered: the model is not invited to call them.
+        config = self.config
+        shown = self.guard.offered(specs) if self.guard is not None else specs
+        return system_prompt(config.style, shown, config.instructions, config.answer_schema, lessons,
+                             config.untrusted_rule)
 
     def _call_tools(self, state: AgentState, started: float) -> None:
         runner = ToolRunner(self.registry, self.config, lambda: self._remaining(state, started), self.sleep)
         runner.turn = len(state.turns) - 1
-        outcome = run_tool_step(state.pending_action or "", self.parser, runner, truncate=self._truncate)
+        tools: Any = runner
+        if self.guard is not None:
+            tools = self.guard.session(runner, state.memory.setdefault("guard", {}), state.task, runner.turn)
+        outcome = run_tool_step(state.pending_action or "", self.parser, tools, truncate=self._truncate)
         state.trace.extend(runner.attempts)
         state.pending_results = list(outcome.results)
         state.pending_observation = outcome.observation if outcome.observation is not None else _NUDGE
@@ -280,4 +295,5 @@ class Agent:
 def replace_config(agent: Agent, **changes: Any) -> Agent:
     """A copy of `agent` with some config fields changed (same policy and tools)."""
     config = dataclasses.replace(agent.config, **changes)
-    return Agent(agent.policy, agent.registry, config, agent.on_event, agent.clock, agent.sleep, agent.tool_retriever)
+    return Agent(agent.policy, agent.registry, config, agent.on_event, agent.clock, agent.sleep, agent.tool_retriever,
+                 agent.guard)

@@ -1,4 +1,4 @@
-"""`ponder tools train|eval|index|search` and `ponder bench-agent`: wiring only.
+"""`ponder tools train|eval|index|search`, `ponder bench-agent` (and `bench-injection`): wiring only.
 
 Registered by `ponder.cli.build_parser`; the logic lives in eval/tool_retrieval.py,
 tools/retrieval/ and eval/bench_agent.py.
@@ -191,6 +191,9 @@ def register(commands: Any) -> None:
     search.add_argument("--topk", type=int, default=5)
     search.set_defaults(handler=cmd_tools_search)
     register_bench(commands)
+    from ponder.eval.injection.cli import register as register_injection
+
+    register_injection(commands)  # `bench-injection`
 
 
 def cmd_bench_agent(args: argparse.Namespace) -> int:

@@ -12,10 +12,18 @@ Formats:
 - "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Qwen, Hermes).
 - "react": `Thought: ...` / `Action: tool` / `Action Input: {json}` or `Final Answer: ...`.
 - "search_r1": `<think>`, `<search>query</search>`, `<answer>text</answer>` (Search-R1).
+
+Tool output is data (ponder.tools.safety.escape): every result is escaped so it cannot
+forge a tag of any protocol or a chat special token, and Hermes and ReAct results open
+with a line naming the tool they came from. Search-R1 results are not given that line:
+its result tag already names the one tool, and its trained checkpoints expect the
+paper's layout. `escape=False, mark_source=False` restores the verbatim text, for
+measuring the undefended baseline only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
@@ -23,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ponder.tools.limits import check_json_value, encodable
+from ponder.tools.safety.escape import REACT_KEYWORDS, render_result_text
 from ponder.types import ToolCall, ToolResult, ToolSpec
 
 _DECODER = json.JSONDecoder()
@@ -76,9 +85,11 @@ class Parser(Protocol):
     def format_error(self, error: str) -> str: ...
 
 
-def _result_text(result: ToolResult) -> str:
-    """A result's content, marked so the model can tell a failed call from its output."""
-    return f"error: {result.content}" if result.is_error else result.content
+def _result_text(result: ToolResult, parser: Any, keywords: Iterable[str] = ()) -> str:
+    """A result's content as data: escaped, marked with its source when the parser marks,
+    and prefixed `error: ` so the model can tell a failed call from its output."""
+    return render_result_text(result.content, result.is_error, result.name, parser.protocol_tags, keywords,
+                              parser.escape, parser.mark_source)  # fmt: skip
 
 
 _JSON_TYPE_NAMES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}
@@ -108,9 +119,11 @@ class HermesParser:
     name = "hermes"
     _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
     _EXAMPLE = '<tool_call>{"name": "tool_name", "arguments": {...}}</tool_call>'
+    protocol_tags = ("tool_call", "tool_response")
 
-    def __init__(self) -> None:
+    def __init__(self, escape: bool = True, mark_source: bool = True) -> None:
         self.stop_strings: list[str] = []
+        self.escape, self.mark_source = escape, mark_source
 
     def parse(self, text: str) -> ParseResult:
         thought, body, error = _split_think(text)
@@ -177,7 +190,7 @@ class HermesParser:
         return ToolCall(name=name.strip(), arguments=arguments, raw=encodable(raw)), None
 
     def format_results(self, results: list[ToolResult]) -> str:
-        return "\n".join(f"<tool_response>\n{_result_text(r)}\n</tool_response>" for r in results)
+        return "\n".join(f"<tool_response>\n{_result_text(r, self)}\n</tool_response>" for r in results)
 
     def format_error(self, error: str) -> str:
         return f"<tool_response>\nerror: {error}\n</tool_response>"
@@ -215,9 +228,11 @@ class ReActParser:
     _FINAL = re.compile(r"Final[ \t]*Answer[ \t]*:")
     _THOUGHT = re.compile(r"^[ \t]*Thought[ \t]*:", re.MULTILINE)
     _EXAMPLE = 'Action: tool_name\nAction Input: {"argument": "value"}'
+    protocol_tags: tuple[str, ...] = ()
 
-    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+    def __init__(self, specs: Iterable[ToolSpec] = (), escape: bool = True, mark_source: bool = True) -> None:
         self.stop_strings: list[str] = ["\nObservation:"]
+        self.escape, self.mark_source = escape, mark_source
         self._single_parameter: dict[str, str] = {}
         for spec in specs:
             properties = list(spec.parameters.get("properties", {}))
@@ -276,7 +291,7 @@ class ReActParser:
         return thought.strip() or None
 
     def format_results(self, results: list[ToolResult]) -> str:
-        return "\nObservation: " + "\n".join(_result_text(r) for r in results) + "\n"
+        return "\nObservation: " + "\n".join(_result_text(r, self, REACT_KEYWORDS) for r in results) + "\n"
 
     def format_error(self, error: str) -> str:
         return f"\nObservation: error: {error}\n"
@@ -307,9 +322,11 @@ class SearchR1Parser:
 
     def __init__(
         self, tool_name: str = "search", argument: str = "query", call_tag: str | None = "search",
-        result_tag: str = "information", how: str | None = None,
+        result_tag: str = "information", how: str | None = None, escape: bool = True, mark_source: bool = False,
     ) -> None:  # fmt: skip
         tags = [call_tag, "answer"] if call_tag else ["answer"]
+        self.protocol_tags = (*tags, result_tag)
+        self.escape, self.mark_source = escape, mark_source
         self.stop_strings: list[str] = [f"</{tag}>" for tag in tags]
         self.tool_name = tool_name
         self.argument = argument
@@ -342,7 +359,7 @@ class SearchR1Parser:
 
     def format_results(self, results: list[ToolResult]) -> str:
         # Search-R1 strips the retrieved text before wrapping it; keep its exact layout.
-        inner = "\n".join(_result_text(r).strip() for r in results)
+        inner = "\n".join(_result_text(dataclasses.replace(r, content=r.content.strip()), self) for r in results)
         return f"\n\n<{self.result_tag}>{inner}</{self.result_tag}>\n\n"
 
     def format_error(self, error: str) -> str:
