@@ -301,3 +301,14 @@ def test_one_rl_step_of_the_tiny_model_on_math(tmp_path):
     assert record["reward/format"] == 0.0
     assert record["reward/mean"] == pytest.approx(record["reward/correct"])
     assert (tmp_path / "checkpoints" / "latest").exists()
+
+
+def test_calculator_from_one_makes_the_solver_use_the_calculator_on_every_level():
+    from ponder.envs.math_tasks import generate_problems, worked_solution
+
+    problems = {p.level: p for p in generate_problems(0, 40, [1, 2, 3, 4], None)}
+    for level, problem in problems.items():
+        default = worked_solution(problem, calculator=True)
+        always = worked_solution(problem, calculator=True, calculator_from=1)
+        assert ("<calculator>" in default[0]) == (level >= 3)
+        assert "<calculator>" in always[0] and always[1] == f"<answer>{problem.answer}</answer>"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ponder.envs.base import EnvContext, EnvSpec, Opening, register_env
-from ponder.envs.math_tasks import LEVELS, math_splits
+from ponder.envs.math_tasks import CALCULATOR_FROM_LEVEL, LEVELS, math_splits
 from ponder.rewards.math import answer_format, calculator_calls, correct
 from ponder.tools import ToolRegistry, run_tool_step
 from ponder.tools.builtin import calculator
@@ -35,7 +35,7 @@ WITHOUT_CALCULATOR = (
 # ends generation. Calculator calls are counted but free by default: the reference
 # solver uses it on levels 3-4, and a cost would put the ceiling below 1 + format.
 REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1, "calc_cost": 0.0}
-OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "max_turns")
+OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "calculator_from", "max_turns")
 
 
 def math_parser(calculator_on: bool) -> SearchR1Parser:
@@ -89,8 +89,9 @@ def math_options(options: dict[str, Any], default_max_turns: int = 3) -> dict[st
     if unknown:
         raise ValueError(f"env.options for math: unknown {unknown}; valid: {', '.join(OPTIONS)}")
     merged = {"seed": 0, "n_train": 512, "n_eval": 128, "difficulties": list(LEVELS), "mix": None,
-              "calculator": True, "max_turns": default_max_turns, **options}  # fmt: skip
-    for key in ("n_train", "n_eval", "max_turns"):
+              "calculator": True, "calculator_from": CALCULATOR_FROM_LEVEL, "max_turns": default_max_turns,
+              **options}  # fmt: skip
+    for key in ("n_train", "n_eval", "max_turns", "calculator_from"):
         if not isinstance(merged[key], int) or merged[key] < (1 if key == "max_turns" else 0):
             raise ValueError(f"env.options.{key} for math: want a whole number >= {int(key == 'max_turns')}, "
                              f"got {merged[key]!r}")  # fmt: skip
@@ -111,8 +112,9 @@ def build_math(ctx: EnvContext) -> EnvSpec:
       difficulties: levels to draw, from 1 (one operation) to 4 (a linear equation)
         ([1, 2, 3, 4]); the task kind is `level{n}`.
       mix: one weight per entry of difficulties (equal weights).
-      calculator: offer the `<calculator>` tool (true); the reference solver uses it
-        from level 3 up when offered.
+      calculator: offer the `<calculator>` tool (true).
+      calculator_from: the level from which the reference solver (the SFT teacher)
+        hands its last step to the calculator (3; 1 = on every problem).
       max_turns: actions per episode (the recipe's env.max_turns).
     Reward components: correct (1 / 0, exact), format (the answer as one number in
     `<answer>`, no protocol errors) and calc_cost (calculator calls); default
@@ -121,7 +123,7 @@ def build_math(ctx: EnvContext) -> EnvSpec:
     options = math_options(dict(ctx.options), default_turns)
     train, evaluation = math_splits(
         options["seed"], options["n_train"], options["n_eval"], options["difficulties"], options["mix"],
-        options["calculator"],
+        options["calculator"], options["calculator_from"],
     )  # fmt: skip
     calculator_on, max_turns = bool(options["calculator"]), options["max_turns"]
     rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls}

@@ -152,14 +152,14 @@ GENERATORS: dict[int, Callable[[random.Random], Problem]] = {1: _level1, 2: _lev
 CALCULATOR_FROM_LEVEL = 3
 
 
-def worked_solution(problem: Problem, calculator: bool) -> list[str]:
+def worked_solution(problem: Problem, calculator: bool, calculator_from: int = CALCULATOR_FROM_LEVEL) -> list[str]:
     """The reference solver's assistant turns: the steps in <think>, then <answer>.
 
-    With the calculator, levels from CALCULATOR_FROM_LEVEL hand the last step's
+    With the calculator, levels from `calculator_from` hand the last step's
     expression to a <calculator> call and answer in a second turn, after the result;
     lower levels are short enough to do in the head, in one turn."""
     shown = [_step_text(problem.joiner, *step) for step in problem.steps]
-    if not calculator or problem.level < CALCULATOR_FROM_LEVEL:
+    if not calculator or problem.level < calculator_from:
         return [f"<think>{' '.join(shown)}</think>\n<answer>{problem.answer}</answer>"]
     label, expression, _ = problem.steps[-1]
     think = " ".join(shown[:-1] + [f"{label}{problem.joiner}{expression}." if label else f"{expression}."])
@@ -196,22 +196,22 @@ def generate_problems(seed: int, count: int, levels: Sequence[int], weights: Seq
     raise ValueError(f"math difficulties {list(levels)}: {len(problems)} distinct questions, not {count}")
 
 
-def to_task(task_id: str, problem: Problem, calculator: bool) -> Task:
+def to_task(task_id: str, problem: Problem, calculator: bool, calculator_from: int = CALCULATOR_FROM_LEVEL) -> Task:
     """A Task with the problem's answer as its gold and its worked solution as the oracle."""
     level = problem.level
     metadata = {"level": level, "template": problem.template, "values": dict(problem.values),
                 "steps": [list(step) for step in problem.steps]}  # fmt: skip
     return Task(task_id, problem.question, [str(problem.answer)], kind=f"level{level}", needs_search=False,
-                oracle_actions=worked_solution(problem, calculator), metadata=metadata)  # fmt: skip
+                oracle_actions=worked_solution(problem, calculator, calculator_from), metadata=metadata)  # fmt: skip
 
 
 def math_splits(seed: int, n_train: int, n_eval: int, levels: Sequence[int], weights: Sequence[float] | None,
-                calculator: bool) -> tuple[list[Task], list[Task]]:  # fmt: skip
+                calculator: bool, calculator_from: int = CALCULATOR_FROM_LEVEL) -> tuple[list[Task], list[Task]]:  # fmt: skip
     """(train, eval) tasks with no question text in both. Evaluation tasks are drawn
     first, so they stay the same when only n_train changes."""
     held_out = generate_problems(seed, n_eval, levels, weights)
     seen = {problem.question for problem in held_out}
     training = generate_problems(seed + 1_000_003, n_train, levels, weights, exclude=seen)
-    evaluation = [to_task(f"math-eval-{i:04d}", problem, calculator) for i, problem in enumerate(held_out)]
-    train = [to_task(f"math-train-{i:04d}", problem, calculator) for i, problem in enumerate(training)]
+    evaluation = [to_task(f"math-eval-{i:04d}", p, calculator, calculator_from) for i, p in enumerate(held_out)]
+    train = [to_task(f"math-train-{i:04d}", p, calculator, calculator_from) for i, p in enumerate(training)]
     return train, evaluation
