@@ -33,8 +33,23 @@ _Loader.add_implicit_resolver(
 )
 
 
+# Characters str.splitlines() breaks at: an error message quoting a key or value that holds
+# one must still print as one line.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+_MAX_MESSAGE_CHARS = 500
+
+
 class ConfigError(ValueError):
-    """A recipe or override is wrong; the message names the file and key."""
+    """A recipe or override is wrong; the message names the file and key.
+
+    The message is one line whatever it quotes: line breaks and lone surrogates are
+    escaped, and it is cut at 500 characters."""
+
+    def __init__(self, message: str) -> None:
+        text = message.translate(_LINE_BREAKS).encode("utf-8", "backslashreplace").decode("utf-8")
+        if len(text) > _MAX_MESSAGE_CHARS:
+            text = text[: _MAX_MESSAGE_CHARS - 1] + "…"
+        super().__init__(text)
 
 
 @dataclass
@@ -553,7 +568,13 @@ def from_dict(cls: type[T], data: dict[str, Any], source: str = "<config>", pref
         if key not in names:
             raise ConfigError(f"{source}: unknown key '{prefix}{key}' (valid: {', '.join(sorted(names))})")
         kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a config class's own check (e.g. AgentConfig.__post_init__)
+        where = f" '{prefix.rstrip('.')}'" if prefix else ""
+        raise ConfigError(f"{source}:{where} {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
 
 
 def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
@@ -590,6 +611,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "o
         if "=" not in item:
             raise ConfigError(f"{source}: '{item}' is not key=value")
         dotted, raw = item.split("=", 1)
+        value = _parse_yaml(raw, f"{source}: '{item[:80]}'")
         node = data
         parts = dotted.strip().split(".")
         for part in parts[:-1]:
@@ -598,8 +620,37 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "o
             node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"{source}: '{dotted}' goes through a non-mapping key '{part}'")
-        node[parts[-1]] = yaml.load(raw, Loader=_Loader)
+        node[parts[-1]] = value
     return data
+
+
+# Deeper YAML is refused before PyYAML's recursive composer sees it: a RecursionError
+# there can surface as another exception (IndexError) from the middle of its reader.
+MAX_YAML_DEPTH = 64
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    """YAML text as data, or ConfigError naming `where`. PyYAML raises more than YAMLError:
+    RecursionError on deep nesting, ValueError on integers past Python's digit limit, and
+    its constructors IndexError, ValueError … on malformed tagged scalars (`!!float ''`)."""
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=_Loader):  # an iterative state machine: no recursion
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise ConfigError(f"{where}: YAML nested deeper than {MAX_YAML_DEPTH} levels")
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+        return yaml.load(text, Loader=_Loader)
+    except ConfigError:
+        raise
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from err
+    except RecursionError:
+        raise ConfigError(f"{where}: not valid YAML (nested too deeply)") from None
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        raise ConfigError(f"{where}: not valid YAML ({type(err).__name__}: {str(err).split(':')[0]})") from None
 
 
 def packaged_recipes() -> Path:
@@ -628,15 +679,12 @@ def load_recipe(path: str | Path | None, overrides: list[str] | None = None, cls
         path = resolve_recipe_path(path)
         source = str(path)
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"{path}: cannot read recipe ({err.strerror})") from err
         except UnicodeDecodeError as err:
             raise ConfigError(f"{path}: recipe is not UTF-8 text") from err
-        try:
-            data = yaml.load(text, Loader=_Loader) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from err
+        data = _parse_yaml(text, str(path)) or {}
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
     data = apply_overrides(data, overrides or [], source=f"{source} (override)")

@@ -28,16 +28,22 @@ def load_tasks(path: str | os.PathLike[str], require_answers: bool = True) -> li
     Unknown keys go into metadata. Raises TaskFileError for the first bad line."""
     source = os.fspath(path)
     try:
-        with open(source, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+        with open(source, "rb") as handle:
+            # Bytes split on "\n" only: str.splitlines would also split inside a JSON string
+            # holding U+2028 or \x1c, and a bad byte is reported with its own line number.
+            lines = handle.read().split(b"\n")
     except OSError as err:
         raise TaskFileError(f"{source}: cannot read task file ({err.strerror})") from err
     tasks: list[Task] = []
     first_line_of: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
         where = f"{source}:{number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TaskFileError(f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
         task = _parse_task(line, where, require_answers)
         if task.id in first_line_of:
             raise TaskFileError(
@@ -53,7 +59,24 @@ def _parse_task(line: str, where: str, require_answers: bool) -> Task:
         row = json.loads(line)
     except json.JSONDecodeError as err:
         raise TaskFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise TaskFileError(f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError as err:  # an integer past Python's digit limit
+        raise TaskFileError(f"{where}: invalid JSON ({str(err).split(':')[0]})") from None
     return parse_task_row(row, where, require_answers)
+
+
+def _check_optional_fields(row: dict[str, Any], where: str, task_id: str) -> None:
+    # A wrong type here would load and fail far later (a prompt built from an int kind).
+    expected = {"kind": (str,), "context": (str, type(None)), "needs_search": (bool,)}
+    for key, types in expected.items():
+        if key in row and not isinstance(row[key], types):
+            names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise TaskFileError(f"{where}: task {task_id!r}: {key!r} must be {names}, got {type(row[key]).__name__}")
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a \udXXX escape decoded to half a character
+        raise TaskFileError(f"{where}: task {task_id!r} holds a lone surrogate (a \\ud800-\\udfff escape)") from None
 
 
 def parse_task_row(row: Any, where: str, require_answers: bool = False) -> Task:
@@ -80,5 +103,6 @@ def parse_task_row(row: Any, where: str, require_answers: bool = False) -> Task:
     actions = row.get("oracle_actions") or []
     if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
         raise TaskFileError(f"{where}: task {task_id!r}: 'oracle_actions' must be a list of strings")
+    _check_optional_fields(row, where, task_id)
     extra = {k: v for k, v in row.items() if k not in Task.__dataclass_fields__}
     return Task.from_dict({**row, "id": task_id, "answers": answers, "metadata": {**extra, **metadata}})

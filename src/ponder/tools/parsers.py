@@ -266,7 +266,8 @@ class ReActParser:
         arguments, error = self._arguments(name, _strip_code_fence(body[given.end() :].strip()))
         if error is not None:
             return None, error
-        return ToolCall(name=name, arguments=arguments, raw=body[action.start() :].strip()), None
+        raw = encodable(body[action.start() :].strip())
+        return ToolCall(name=encodable(name), arguments=arguments, raw=raw), None
 
     def _arguments(self, name: str, given: str) -> tuple[dict[str, Any], str | None]:
         if not given:
@@ -354,7 +355,8 @@ class SearchR1Parser:
         if kind == "answer":
             return ParseResult([], answer=content, thought=thought)
         raw = text[last.start() : close + len(f"</{kind}>")]
-        call = ToolCall(name=self.tool_name, arguments={self.argument: content}, raw=raw)
+        arguments = {self.argument: encodable(content)}
+        call = ToolCall(name=self.tool_name, arguments=arguments, raw=encodable(raw))
         return ParseResult([call], thought=thought)
 
     def format_results(self, results: list[ToolResult]) -> str:

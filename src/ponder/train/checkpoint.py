@@ -63,6 +63,8 @@ def save_checkpoint(run_dir: Path, step: int, policy: Policy, objects: dict[str,
 
 CHECKSUMS = "checksums.json"
 STEP_NAME = re.compile(r"step-\d{6}")
+# What _seal records: plain names of files in the checkpoint directory.
+FILE_NAME = re.compile(r"[\w-][\w.-]*")
 
 
 def _seal(directory: Path) -> None:
@@ -85,12 +87,21 @@ def damage(path: Path) -> str | None:
         return f"{CHECKSUMS} missing"  # every checkpoint ponder writes is sealed with one
     except (OSError, ValueError) as err:
         return f"{CHECKSUMS} unreadable ({err})"
+    if not isinstance(sums, dict) or not all(isinstance(digest, str) for digest in sums.values()):
+        return f"{CHECKSUMS} is not a mapping of file names to sha256 digests"
     for name, expected in sums.items():
+        if not FILE_NAME.fullmatch(name):  # damaged: it would name a path outside, or break the warning line
+            return f"{CHECKSUMS} lists {name!r}, not a file name"
         file = path / name
         if not file.is_file():
             return f"{name} missing"
         if hashlib.sha256(file.read_bytes()).hexdigest() != expected:
             return f"{name} does not match its checksum"
+    # _seal lists every file, so one it does not list was added or renamed since (or
+    # checksums.json itself was rewritten, e.g. to {}): nothing vouches for its bytes.
+    unsealed = sorted({p.name for p in path.iterdir() if p.is_file()} - set(sums) - {CHECKSUMS})
+    if unsealed:
+        return f"{unsealed[0]!r} is not in {CHECKSUMS}"
     return None
 
 

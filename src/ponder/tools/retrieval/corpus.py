@@ -82,6 +82,10 @@ def _parse_line(name: str, lineno: int, raw: bytes) -> Document:
         raise CorpusError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise CorpusError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError:
+        raise CorpusError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise CorpusError(f"{where}: not valid JSON ({str(exc).split(':')[0]})") from None
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
     doc_id = record.pop("id", None)
@@ -99,6 +103,12 @@ def _parse_line(name: str, lineno: int, raw: bytes) -> Document:
         )
     if not contents.strip():
         raise CorpusError(f"{where}: empty 'contents' (document {doc_id!r})")
+    try:  # a \udXXX escape decodes to half a character, which no tokenizer or UTF-8 file takes
+        doc_id.encode("utf-8"), contents.encode("utf-8")
+        if record:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise CorpusError(f"{where}: document {doc_id!r} holds a lone surrogate (a \\ud800-\\udfff escape)") from None
     return Document(doc_id, contents, record)
 
 
