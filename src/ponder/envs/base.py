@@ -142,7 +142,9 @@ def _load_builtin_envs() -> None:
 
 
 # Modules whose import registers ponder's own environments.
-BUILTIN_ENV_MODULES: list[str] = ["ponder.envs.search_qa", "ponder.envs.function_calling", "ponder.envs.math", "ponder.envs.code"]
+BUILTIN_ENV_MODULES: list[str] = [
+    "ponder.envs.search_qa", "ponder.envs.math", "ponder.envs.code", "ponder.envs.function_calling",
+]  # fmt: skip
 
 
 def load_tasks_from(source: str | os.PathLike[str]) -> list[Task]:
