@@ -268,7 +268,9 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tmp_path, st
             os.kill(os.getpid(), signal.SIGTERM)
         return low_id_share(trajectory, task)
 
-    RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=terminate_during_step_2).train()
+    stopped = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=terminate_during_step_2)
+    stopped.train()
+    assert stopped._watchdog is None  # the run stopped in time: its watchdog is cancelled, never fires later
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     assert load_checkpoint(latest_checkpoint(tmp_path))["trainer"]["step"] == 2
     trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)

@@ -100,6 +100,7 @@ class RLTrainer:
         self.advantage_state: dict[str, Any] = {}
         self.step = 0
         self.stop_requested = False
+        self._watchdog: threading.Timer | None = None
 
     @classmethod
     def from_recipe(
@@ -122,7 +123,8 @@ class RLTrainer:
         cfg = self.recipe.train
         previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            with MetricsLog(self.run_dir, resume_step=self.step or None) as log:
+            # from step 0 too: lines a run killed before its first checkpoint logged go
+            with MetricsLog(self.run_dir, resume_step=self.step) as log:
                 while self.step < cfg.steps and not self.stop_requested:
                     metrics = self.train_step()
                     release_memory()  # each step's activations and KV caches, before the next rollout
@@ -137,6 +139,9 @@ class RLTrainer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self._watchdog is not None:  # the run stopped in time: no exit from under the caller
+                self._watchdog.cancel()
+                self._watchdog = None
         return self.run_dir
 
     def train_step(self) -> dict[str, float]:
@@ -280,9 +285,9 @@ class RLTrainer:
         self.stop_requested = True
         grace = self.recipe.train.stop_grace_s
         if grace > 0:
-            watchdog = threading.Timer(grace, _stop_now, (signum, grace))
-            watchdog.daemon = True
-            watchdog.start()
+            self._watchdog = threading.Timer(grace, _stop_now, (signum, grace))
+            self._watchdog.daemon = True
+            self._watchdog.start()
 
 
 def check_recipe(recipe: Recipe) -> None:

@@ -119,7 +119,8 @@ class SFTTrainer:
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
         history = []
-        with MetricsLog(self.run_dir, tensorboard=False, resume_step=self.step or None) as log:
+        # from step 0 too: lines a run killed before its first checkpoint logged go
+        with MetricsLog(self.run_dir, tensorboard=False, resume_step=self.step) as log:
             while self.step < self.cfg.steps:
                 metrics = self.train_step()
                 self.step += 1
