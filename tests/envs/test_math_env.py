@@ -273,7 +273,7 @@ def test_reward_terms_override_the_math_defaults():
 def test_the_shipped_recipe_builds_the_math_env():
     recipe = load_recipe("recipes/math.yaml")
     spec = build_math(EnvContext(dict(recipe.env.options), None, recipe))
-    assert (len(spec.train), len(spec.eval)) == (512, 64)
+    assert (len(spec.train), len(spec.eval)) == (512, 128)
     assert recipe.sft.behaviour == "oracle" and recipe.algo.advantage == "grpo"
     assert spec.factory().max_turns == recipe.env.max_turns == 3
 
