@@ -107,6 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ponder.train.progress import item_progress, training_progress
     from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
     from ponder.train.sft import warm_up
+    from ponder.wiring import check_parts
 
     overrides = args.overrides + ([f"model.name={args.model}"] if args.model else [])
     if args.resume:
@@ -119,7 +120,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         recipe = load_recipe(args.recipe, overrides)
     check_recipe(recipe)
-    policy = prepare_policy(recipe)  # bad names and model paths fail before anything is written
+    check_parts(recipe)  # bad envs, task files and rewards fail before anything is written
+    policy = prepare_policy(recipe)  # so do bad model names and paths
     if not args.resume:
         run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
     with discard_on_error(run_dir, fresh=not args.resume):
@@ -154,10 +156,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe
     from ponder.train.demo import run_demo
     from ponder.train.report import demo_table
+    from ponder.wiring import check_parts
 
     from ponder.rundir import claim_run_dir, discard_on_error
 
     recipe = load_recipe(args.recipe, (QUICK_DEMO if args.quick else []) + args.overrides)
+    check_parts(recipe)  # a bad env, task file or reward fails before the run directory is made
     out = claim_run_dir(args.out or ("runs/demo-quick" if args.quick else "runs/demo"), args.overwrite)
     console = Console(stderr=True)
     with discard_on_error(out):

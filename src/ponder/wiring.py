@@ -48,3 +48,13 @@ def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | Non
     """The generation backend for `policy` (ponder's CPU decoder or transformers)."""
     sampling = sampling or recipe.rollout.sampling
     return HFBackend(policy, sampling, seed=recipe.train.seed if seed is None else seed)
+
+
+def check_parts(recipe: Recipe) -> None:
+    """Build the recipe's environment, tasks and reward once, without a model, so that a
+    bad env, task file or reward fails before a command writes anything or trains."""
+    spec = build_env(recipe)
+    build_reward(recipe, spec)
+    if recipe.train.steps > 0 or recipe.sft.steps > 0:
+        train_tasks(recipe, spec)
+

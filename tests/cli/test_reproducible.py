@@ -93,6 +93,16 @@ def test_resume_refuses_a_changed_recipe_unless_allowed(tmp_path, capsys):
     assert main(["train", "--resume", str(run), "train.steps=3", "optim.lr=0.001", "--allow-recipe-change"]) == 0
 
 
+def test_a_bad_reward_fails_before_the_warm_up_writes_anything(tmp_path, capsys):
+    out = tmp_path / "train"
+    code = main(["train", "--recipe", "recipes/search_qa_grpo.yaml", "--out", str(out), *TINY,
+                 "reward.terms={'no_such_pkg.rewards:f': 1.0}"])  # fmt: skip
+    assert code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("ponder train: error: reward 'no_such_pkg.rewards:f': cannot import no_such_pkg.rewards")
+    assert not out.exists()
+
+
 def test_a_bad_task_file_leaves_no_half_made_run_directory(tmp_path, capsys):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "question": "q?", "answers": ["x"]}\n{"id": "b"}\n')
