@@ -382,3 +382,16 @@ def test_logprobs_and_entropy_match_the_separate_helpers_and_ignore_a_shift():
     # without entropy_grad the entropy carries no gradient (the logprobs still do)
     picked, entropy = logprobs_and_entropy(logits, targets, with_entropy=True, entropy_grad=False)
     assert picked.requires_grad and not entropy.requires_grad
+
+
+def test_a_device_the_machine_lacks_is_a_one_line_error():
+    import torch
+
+    from ponder.models.loading import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"model.device='cuda': this machine has no CUDA GPU"):
+            resolve_device("cuda")
+    with pytest.raises(ValueError, match=r"model.device='gpu0': not a torch device"):
+        resolve_device("gpu0")

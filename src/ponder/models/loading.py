@@ -49,9 +49,18 @@ def cache_dir() -> Path:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
+    """`auto` = a CUDA GPU when there is one, else the CPU; a device this machine lacks
+    is a one-line ValueError naming model.device."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        target = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"model.device={device!r}: not a torch device ({str(err).splitlines()[0]})") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device={device!r}: this machine has no CUDA GPU (or torch is the CPU build); "
+                         "use model.device=cpu or auto")  # fmt: skip
+    return target
 
 
 def load_policy(name_or_path: str = EMBEDDED_NAME, dtype: str = "float32", device: str = "auto") -> Policy:
