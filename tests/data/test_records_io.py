@@ -73,3 +73,15 @@ def test_unknown_file_kinds_fail_with_one_line(tmp_path):
         read_rows(tmp_path / "x.csv")
     with pytest.raises(DataError, match="no such data file"):
         read_rows(tmp_path / "missing.jsonl")
+
+
+def test_a_broken_json_line_names_its_line_and_an_invalid_tool_schema_is_not_trained_on(tmp_path):
+    good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(good) + '\n{"messages": [\n')
+    with pytest.raises(DataError, match=r"broken.jsonl:2: invalid JSON \(Expecting value at column 15\)"):
+        load_conversations(broken)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
+    rows = [good, {**good, "tools": [tool]}]
+    conversations, report = load_conversations(rows)
+    assert len(conversations) == 1 and report.skipped == {"invalid tool schema": 1}

@@ -45,8 +45,8 @@ def _read_path(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            rows.append({"_bad_json": f"line {number}: {err.msg}"})
+        except json.JSONDecodeError as err:  # a broken file, not an unusable example: stop here
+            raise DataError(f"{path}:{number}: invalid JSON ({err.msg} at column {err.colno})") from None
     return rows
 
 

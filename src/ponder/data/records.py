@@ -116,6 +116,8 @@ def parse_conversation(row: dict[str, Any], index: int) -> tuple[Conversation | 
     tools = _parse_tools(row.get("tools"))
     if tools is None:
         return None, "bad tools column"
+    if not all(_valid_schema(t) for t in tools):
+        return None, "invalid tool schema"  # training on it would teach calls no validator accepts
     messages = _as_messages(row.get("messages"), "user")
     reason = check_messages(messages, tools)
     if reason is not None:
@@ -175,6 +177,20 @@ def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
     if not isinstance(value, list) or any(not isinstance(t, dict) or not tool_name(t) for t in value):
         return None
     return value
+
+
+def _valid_schema(spec: dict[str, Any]) -> bool:
+    """Whether a tool's `parameters` is a valid JSON Schema (absent counts as valid)."""
+    import jsonschema
+
+    parameters = (spec.get("function") or spec).get("parameters")
+    if parameters is None:
+        return True
+    try:
+        jsonschema.Draft202012Validator.check_schema(parameters)
+    except jsonschema.SchemaError:
+        return False
+    return True
 
 
 def _as_messages(value: Any, role: str) -> list[dict[str, Any]]:

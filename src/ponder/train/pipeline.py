@@ -115,6 +115,11 @@ def check_pipeline(recipe: PipelineRecipe) -> None:
             f"selection.strategy: unknown '{recipe.selection.strategy}'; valid: {', '.join(STRATEGIES)}"
         )
     check_recipe(recipe)
+    # Data files are read once here too: a broken or unusable file fails before any stage writes
+    if "sft" in stages and recipe.data.sft_path:
+        load_conversations(recipe.data.sft_path, recipe.data.max_examples)
+    if "dpo" in stages and recipe.data.preference_path:
+        load_preferences(recipe.data.preference_path)
 
 
 def stage_plan(recipe: PipelineRecipe) -> list[tuple[str, str]]:
