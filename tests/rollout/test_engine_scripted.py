@@ -402,3 +402,13 @@ def test_a_task_listed_twice_is_rolled_out_twice(tok, retriever, tasks):
     assert len(trajectories) == 2
     assert trajectories[0] is not trajectories[1]
     assert stats.episodes == 2
+
+
+def test_each_search_s_cost_is_the_reward_of_the_turn_that_searched(tok, retriever, tasks):
+    """Turn-level credit reads the search cost where it was spent, from the environment."""
+    costly = dataclasses.replace(factory(retriever, tok), search_cost=-0.1)
+    trajectories, _ = engine(tok, oracle_scripts(tasks), costly).run(tasks)
+    for trajectory in trajectories:
+        searches = [sum(c.name == "search" for c in turn.tool_calls) for turn in trajectory.turns]
+        assert [turn.reward for turn in trajectory.turns] == pytest.approx([-0.1 * n for n in searches])
+    assert any(turn.reward for t in trajectories for turn in t.turns)  # some oracle episodes search

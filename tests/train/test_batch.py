@@ -25,8 +25,9 @@ def two_turn():
         loss_mask=[1, 1, 0, 0, 1],
         old_logprobs=[-0.1, -0.2, 0.0, 0.0, -0.5],
         turns=[
-            Turn(0, "s", observation="o", tool_calls=[_search()], n_action_tokens=2, n_observation_tokens=2),
-            Turn(1, "a", answer="x", n_action_tokens=1),
+            Turn(0, "s", observation="o", tool_calls=[_search()], n_action_tokens=2, n_observation_tokens=2,
+                 reward=SEARCH_COST),
+            Turn(1, "a", answer="x", n_action_tokens=1, reward=0.0),
         ],
         reward=1.0,
         group_id="g1",
@@ -49,7 +50,7 @@ def unscored():
 
 @pytest.fixture
 def batch():
-    return collate([two_turn(), unscored()], PAD, SEARCH_COST)
+    return collate([two_turn(), unscored()], PAD)
 
 
 def test_input_ids_are_right_padded_with_the_pad_id(batch):
@@ -101,18 +102,18 @@ def test_turn_rewards_hand_case_with_several_calls_per_turn():
     trajectory = Trajectory(
         task_id="c",
         prompt_ids=[1],
-        turns=[
-            Turn(0, "", tool_calls=[_search("a"), _search("b"), ToolCall("calculator", {})]),
+        turns=[  # the environment's per-turn rewards: -0.1 per search (2, 0, 1 searches)
+            Turn(0, "", tool_calls=[_search("a"), _search("b"), ToolCall("calculator", {})], reward=-0.2),
             Turn(1, "", tool_calls=[]),
-            Turn(2, "", tool_calls=[_search("c")]),
+            Turn(2, "", tool_calls=[_search("c")], reward=-0.1),
         ],
         reward=0.5,
     )
-    rewards = turn_rewards(trajectory, -0.1)
-    # searches: 2, 0, 1 → -0.2, 0, and the last turn -0.1 + (0.5 - (-0.3)) = 0.7
+    rewards = turn_rewards(trajectory)
+    # -0.2, 0 (none given), and the last turn -0.1 + (0.5 - (-0.3)) = 0.7
     assert rewards == pytest.approx([-0.2, 0.0, 0.7])
     assert sum(rewards) == pytest.approx(0.5)
-    assert turn_rewards(Trajectory(task_id="d", prompt_ids=[1], reward=1.0), -0.1) == []
+    assert turn_rewards(Trajectory(task_id="d", prompt_ids=[1], reward=1.0)) == []
 
 
 def test_unscorable_reward_becomes_nan(batch):

@@ -181,7 +181,7 @@ def test_no_grad_passes_do_not_depend_on_their_micro_batch_size(reference):
     config = recipe(*ACCUMULATION, "algo.advantage=gae", "algo.kl_coef=0.1")
     trainer = RLTrainer.from_recipe(config, "unused-run-dir", reward=low_id_share)
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(config.train.tasks_per_step))
-    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id, config.reward.search_cost)
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
     assert len({int(m.sum()) for m in batch.attention_mask}) > 1  # rows of different lengths
     head = None if reference else trainer.value_head
     if head is not None:  # the head starts at zero; give it weights that show any mix-up

@@ -58,6 +58,7 @@ class SearchQAEnv:
     truncate: Callable[[str], str] | None = None
     tool_timeout_s: float | None = None
     max_invalid_actions: int = 0  # end the episode after this many malformed actions (0 = never)
+    search_cost: float = 0.0  # the per-turn reward of each search: the reward's search_cost weight
 
     def __post_init__(self) -> None:
         self.parser = SearchR1Parser()
@@ -76,14 +77,16 @@ class SearchQAEnv:
         turn = outcome.turn(self.turn_index, action)
         self.turn_index += 1
         self.invalid_actions += parse.error is not None
+        # The search cost lands on the turn that searched (turn-level credit reads it there)
+        reward = self.search_cost * sum(call.name == "search" for call in turn.tool_calls)
         if parse.answer is not None:
-            return None, True, {"turn": turn, "stop_reason": "answer"}
+            return None, True, {"turn": turn, "stop_reason": "answer", "reward": reward}
         if self.max_invalid_actions and self.invalid_actions >= self.max_invalid_actions:
-            return None, True, {"turn": turn, "stop_reason": "invalid"}
+            return None, True, {"turn": turn, "stop_reason": "invalid", "reward": reward}
         if self.turn_index >= self.max_turns:
-            return None, True, {"turn": turn, "stop_reason": "max_turns"}
+            return None, True, {"turn": turn, "stop_reason": "max_turns", "reward": reward}
         turn.observation = outcome.observation
-        return outcome.observation, False, {"turn": turn}
+        return outcome.observation, False, {"turn": turn, "reward": reward}
 
 
 @dataclass
@@ -96,16 +99,20 @@ class SearchQAEnvFactory:
     max_obs_tokens: int = 256
     tokenizer: Any = None
     max_invalid_actions: int = 0
+    search_cost: float = 0.0
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, retriever: Retriever, tokenizer: Any) -> SearchQAEnvFactory:
         env = recipe.env
-        return cls(retriever, recipe.retriever.topk, env.max_turns, env.max_obs_tokens, tokenizer, env.max_invalid_actions)
+        search_cost = dict(recipe.reward.terms).get("search_cost", recipe.reward.search_cost)
+        return cls(retriever, recipe.retriever.topk, env.max_turns, env.max_obs_tokens, tokenizer,
+                   env.max_invalid_actions, float(search_cost))  # fmt: skip
 
     def __call__(self) -> SearchQAEnv:
         registry = ToolRegistry([search_tool(self.retriever, self.topk)])
         truncate = token_truncator(self.tokenizer, self.max_obs_tokens) if self.tokenizer is not None else None
-        return SearchQAEnv(registry, self.max_turns, truncate, max_invalid_actions=self.max_invalid_actions)
+        return SearchQAEnv(registry, self.max_turns, truncate, max_invalid_actions=self.max_invalid_actions,
+                           search_cost=self.search_cost)  # fmt: skip
 
 
 @register_env("search_qa")

@@ -59,14 +59,11 @@ class TokenBatch:
         return TokenBatch(group_ids=[self.group_ids[i] for i in indices], **picked)
 
 
-def turn_rewards(trajectory: Trajectory, search_weight: float) -> list[float]:
-    """Split the episode reward over turns: the environment's per-turn rewards where
-    it gave them (Turn.reward), else each search's cost at its own turn; the rest
-    (outcome, format) at the last turn. The turn rewards sum to the reward."""
-    if any(t.reward is not None for t in trajectory.turns):
-        costs = [t.reward or 0.0 for t in trajectory.turns]
-    else:
-        costs = [search_weight * sum(c.name == "search" for c in t.tool_calls) for t in trajectory.turns]
+def turn_rewards(trajectory: Trajectory) -> list[float]:
+    """Split the episode reward over turns: the per-turn rewards the environment gave
+    (Turn.reward: a search's cost, a test run's score; none = 0) at their own turns, the
+    rest (outcome, format) at the last turn. The turn rewards sum to the reward."""
+    costs = [t.reward or 0.0 for t in trajectory.turns]
     if not costs:
         return []
     total = trajectory.reward if trajectory.reward is not None else float("nan")
@@ -74,7 +71,7 @@ def turn_rewards(trajectory: Trajectory, search_weight: float) -> list[float]:
     return costs
 
 
-def collate(trajectories: list[Trajectory], pad_id: int, search_weight: float = 0.0) -> TokenBatch:
+def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
     """Right-pad trajectories into a TokenBatch."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     width = max(lengths)
@@ -95,7 +92,7 @@ def collate(trajectories: list[Trajectory], pad_id: int, search_weight: float = 
         loss_mask[row, span] = torch.tensor(trajectory.loss_mask, dtype=torch.float)
         old_logprobs[row, span] = torch.tensor(trajectory.old_logprobs, dtype=torch.float)
         turn_ids[row, span] = torch.tensor(_turn_index(trajectory), dtype=torch.long)
-        rewards = turn_rewards(trajectory, search_weight)
+        rewards = turn_rewards(trajectory)
         per_turn[row, : len(rewards)] = torch.tensor(rewards)
         turn_mask[row, : len(rewards)] = 1
     rewards = torch.tensor([t.reward if t.reward is not None else float("nan") for t in trajectories])

@@ -157,7 +157,7 @@ class RLTrainer:
         rewards = [t.reward for t in trajectories]
         if any(r is not None and not math.isfinite(r) for r in rewards):
             raise TrainingError(f"step {self.step + 1}: a reward is NaN or infinite; last good checkpoint kept")
-        batch = collate(trajectories, self.policy.tokenizer.pad_token_id, self.recipe.reward.search_cost)
+        batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
         tick = time.perf_counter()
         micro = algo.logprob_micro_batch_size or algo.micro_batch_size
         if algo.kl_coef > 0:
