@@ -280,6 +280,10 @@ class AlgoConfig:
     std_eps: added to the std before dividing advantages by it.
     baseline_momentum: reinforce's running-mean baseline momentum.
     whiten_gae: normalise GAE advantages over the batch (verl does it always).
+    group_filter: which sampled groups a step learns from (ponder.algos.filters):
+        `none`, or `informative` (DAPO's dynamic sampling: groups whose rewards are
+        all equal carry no signal; they are dropped and fresh tasks sampled in their
+        place, up to max_refills more rollouts per step).
     (ponder.algos.AdvantageConfig and LossConfig document each in full.)
     """
 
@@ -309,6 +313,8 @@ class AlgoConfig:
     std_eps: float = 1e-6
     baseline_momentum: float = 0.9
     whiten_gae: bool = False
+    group_filter: str = "none"
+    max_refills: int = 2
 
 
 @dataclass
@@ -716,7 +722,7 @@ RANGES: dict[str, tuple[str, Any]] = {
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
-        "sft_trainer.steps", "train.stop_grace_s",
+        "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

@@ -519,3 +519,26 @@ def test_sigterm_stops_a_stuck_step_within_the_grace_period(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM
     assert time.monotonic() - sent < 10  # the grace period is 1 s; generous for a loaded machine
     assert "did not finish within 1 s of SIGTERM; stopping now" in stderr
+
+
+def test_dynamic_sampling_replaces_groups_without_signal(tmp_path):
+    """Tasks of one kind get a constant reward (no signal); with the `informative`
+    filter the step drops their groups and samples fresh tasks in their place."""
+    def constant_for_in_prompt(trajectory, task):
+        if task.kind == "in_prompt":
+            return 1.0, {"low_id_share": 1.0}
+        return low_id_share(trajectory, task)
+
+    config = recipe("algo.group_filter=informative", "algo.max_refills=3", "train.steps=1")
+    trainer = RLTrainer.from_recipe(config, tmp_path, reward=constant_for_in_prompt)
+    tasks, kept, _, sampled = trainer._sample_groups()
+    kinds = {t.id: t.kind for t in tasks}
+    assert all(kinds[t.task_id] != "in_prompt" for t in kept)  # only groups with signal
+    assert sampled["sampling/kept_groups"] == len({t.group_id for t in kept})
+    assert kinds[tasks[0].id] == "in_prompt"  # the seeded first draw holds a group without signal …
+    assert sampled["sampling/rollouts"] > 1  # … so the step sampled again
+    assert sampled["sampling/kept_groups"] == config.train.tasks_per_step  # until it had enough
+    with pytest.raises(ValueError, match="unknown group filter 'dapo'"):
+        RLTrainer.from_recipe(recipe("algo.group_filter=dapo"), tmp_path / "x", reward=low_id_share)
+    trainer.train()  # a whole step runs with the filter on
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]

@@ -34,11 +34,12 @@ from ponder.algos import (
     kl_estimate,
     kl_penalty_rewards,
 )
+from ponder.algos.filters import GROUP_FILTERS
 from ponder.config import Recipe
 from ponder.models import Policy, apply_lora, load_policy
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
-from ponder.rollout import RolloutEngine
+from ponder.rollout import RolloutEngine, RolloutStats
 from ponder.train.batch import collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -50,7 +51,7 @@ from ponder.train.sampler import TaskSampler
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.optim import NonFiniteError
 from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise
-from ponder.types import Task
+from ponder.types import Task, Trajectory
 
 
 def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
@@ -147,16 +148,11 @@ class RLTrainer:
     def train_step(self) -> dict[str, float]:
         """One RL step: rollout → reward → advantage → update. Returns its metrics."""
         algo, sampling = self.recipe.algo, self.recipe.rollout.sampling
-        tasks = self.sampler.next_batch(self.recipe.train.tasks_per_step)
         self.policy.model.eval()
-        trajectories, stats = self.engine.run(tasks)
+        tasks, trajectories, stats, sampled = self._sample_groups()
         # The update below changes the weights: drop the sampling copy now rather than
         # after it, so the update's activations do not sit on top of it (peak RSS).
         self.backend.refresh()
-        score_trajectories(trajectories, {t.id: t for t in tasks}, self.reward)
-        rewards = [t.reward for t in trajectories]
-        if any(r is not None and not math.isfinite(r) for r in rewards):
-            raise TrainingError(f"step {self.step + 1}: a reward is NaN or infinite; last good checkpoint kept")
         batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
         tick = time.perf_counter()
         micro = algo.logprob_micro_batch_size or algo.micro_batch_size
@@ -188,6 +184,7 @@ class RLTrainer:
             self.kl.update(update["policy/kl"], len(trajectories))
         metrics = episode_metrics(trajectories, {t.id: t.kind for t in tasks})
         metrics.update(update)
+        metrics.update(sampled)
         metrics.update(
             {
                 "time/generation_s": stats.generation_s,
@@ -276,6 +273,32 @@ class RLTrainer:
         per_step = math.ceil(episodes / (algo.mini_batch_size or episodes)) * algo.epochs
         return max(1, per_step * cfg.steps)
 
+    def _sample_groups(self) -> tuple[list[Task], list[Trajectory], RolloutStats, dict[str, float]]:
+        """Roll out and score train.tasks_per_step tasks. With algo.group_filter, the
+        groups it drops (e.g. all rewards equal: no signal) are replaced by fresh tasks'
+        groups, up to algo.max_refills more rollouts (DAPO's dynamic sampling)."""
+        algo, want = self.recipe.algo, self.recipe.train.tasks_per_step
+        keep = GROUP_FILTERS.get(algo.group_filter)
+        tasks: list[Task] = []
+        kept: list[Trajectory] = []
+        stats = RolloutStats()
+        for rollout in range(algo.max_refills + 1):
+            fresh = self.sampler.next_batch(want - len({t.group_id for t in kept}))
+            trajectories, part = self.engine.run(fresh)
+            score_trajectories(trajectories, {t.id: t for t in fresh}, self.reward)
+            _check_rewards(trajectories, self.step + 1)
+            for trajectory in trajectories:  # a task drawn again in a refill is a group of its own
+                trajectory.group_id = f"{trajectory.group_id}#{rollout}" if rollout else trajectory.group_id
+            tasks += fresh
+            stats = _add_stats(stats, part)
+            rewards = torch.tensor([t.reward if t.reward is not None else math.nan for t in trajectories])
+            mask = keep(rewards, [t.group_id for t in trajectories]).tolist()
+            kept += [t for t, k in zip(trajectories, mask) if k]
+            if len({t.group_id for t in kept}) >= want:
+                break
+        sampled = {"sampling/kept_groups": float(len({t.group_id for t in kept})), "sampling/rollouts": rollout + 1.0}
+        return tasks, kept or trajectories, stats, sampled  # nothing kept: the last rollout (no signal)
+
     def _request_stop(self, signum: int, frame: Any) -> None:
         """The first SIGINT/SIGTERM stops after the current step, with a checkpoint; a
         second one, or the watchdog after train.stop_grace_s, stops now (the last
@@ -302,6 +325,7 @@ def check_recipe(recipe: Recipe) -> None:
     POLICY_LOSSES.get(recipe.algo.loss)
     AGGREGATIONS.get(recipe.algo.aggregation)
     KL_ESTIMATORS.get(recipe.algo.kl_estimator)
+    GROUP_FILTERS.get(recipe.algo.group_filter)
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
     if recipe.algo.micro_batch_size < 1 or recipe.algo.logprob_micro_batch_size < 0:
@@ -322,3 +346,16 @@ def _stop_now(signum: int, grace: float) -> None:
     print(f"ponder: the step did not finish within {grace:g} s of {signal.Signals(signum).name}; stopping now "
           "(resume from the last checkpoint)", file=sys.stderr, flush=True)  # fmt: skip
     os._exit(128 + signum)
+
+
+def _check_rewards(trajectories: list[Trajectory], step: int) -> None:
+    if any(t.reward is not None and not math.isfinite(t.reward) for t in trajectories):
+        raise TrainingError(f"step {step}: a reward is NaN or infinite; last good checkpoint kept")
+
+
+def _add_stats(total: RolloutStats, part: RolloutStats) -> RolloutStats:
+    """Two rollouts' statistics as one (times and counts add)."""
+    return RolloutStats(total.episodes + part.episodes, total.generated_tokens + part.generated_tokens,
+                        total.generation_s + part.generation_s, total.env_s + part.env_s,
+                        total.wall_s + part.wall_s)  # fmt: skip
+
