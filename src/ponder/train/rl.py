@@ -277,13 +277,13 @@ class RLTrainer:
         """Roll out and score train.tasks_per_step tasks. With algo.group_filter, the
         groups it drops (e.g. all rewards equal: no signal) are replaced by fresh tasks'
         groups, up to algo.max_refills more rollouts (DAPO's dynamic sampling)."""
-        algo, want = self.recipe.algo, self.recipe.train.tasks_per_step
+        algo, want = self.recipe.algo, self.recipe.train.tasks_per_step  # want: tasks still to roll out
         keep = GROUP_FILTERS.get(algo.group_filter)
         tasks: list[Task] = []
         kept: list[Trajectory] = []
         stats = RolloutStats()
         for rollout in range(algo.max_refills + 1):
-            fresh = self.sampler.next_batch(want - len({t.group_id for t in kept}))
+            fresh = self.sampler.next_batch(want)
             trajectories, part = self.engine.run(fresh)
             score_trajectories(trajectories, {t.id: t for t in fresh}, self.reward)
             _check_rewards(trajectories, self.step + 1)
@@ -294,7 +294,8 @@ class RLTrainer:
             rewards = torch.tensor([t.reward if t.reward is not None else math.nan for t in trajectories])
             mask = keep(rewards, [t.group_id for t in trajectories]).tolist()
             kept += [t for t, k in zip(trajectories, mask) if k]
-            if len({t.group_id for t in kept}) >= want:
+            want = len({t.group_id for t, k in zip(trajectories, mask) if not k})  # groups to replace
+            if want == 0:
                 break
         sampled = {"sampling/kept_groups": float(len({t.group_id for t in kept})), "sampling/rollouts": rollout + 1.0}
         return tasks, kept or trajectories, stats, sampled  # nothing kept: the last rollout (no signal)
