@@ -75,7 +75,7 @@ def _check_optional_fields(row: dict[str, Any], where: str, task_id: str) -> Non
             raise TaskFileError(f"{where}: task {task_id!r}: {key!r} must be {names}, got {type(row[key]).__name__}")
     try:
         json.dumps(row, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:  # a \udXXX escape decoded to half a character
+    except UnicodeEncodeError:  # a lone-surrogate escape (\ud800-\udfff) decoded to half a character
         raise TaskFileError(f"{where}: task {task_id!r} holds a lone surrogate (a \\ud800-\\udfff escape)") from None
 
 

@@ -1,7 +1,7 @@
 """Limits on what crosses between the model and its tools, kept in one place.
 
 - `safe_text`: any text a tool returns, before anything tokenises, encodes or saves it.
-  Python strings may hold lone surrogates (from `\\udXXX` JSON escapes, `surrogateescape`
+  Python strings may hold lone surrogates (from `\\ud800`-`\\udfff` JSON escapes, `surrogateescape`
   decoding, C extensions) and NULs; tokenizers, UTF-8 files, JSON and Parquet writers
   refuse the first, C strings end at the second, and a 10 MB result must not reach a
   tokenizer at all.

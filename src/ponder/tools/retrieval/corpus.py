@@ -103,7 +103,7 @@ def _parse_line(name: str, lineno: int, raw: bytes) -> Document:
         )
     if not contents.strip():
         raise CorpusError(f"{where}: empty 'contents' (document {doc_id!r})")
-    try:  # a \udXXX escape decodes to half a character, which no tokenizer or UTF-8 file takes
+    try:  # a lone-surrogate escape (\ud800-\udfff) decodes to half a character, which no tokenizer or UTF-8 file takes
         doc_id.encode("utf-8"), contents.encode("utf-8")
         if record:
             json.dumps(record, ensure_ascii=False).encode("utf-8")
