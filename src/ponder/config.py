@@ -327,7 +327,13 @@ class TrainConfig:
     stratify: every batch interleaves the task kinds (see ponder.train.sampler).
     shuffle: false = tasks in list order, cycling (no shuffled epochs).
     seed: seeds python, numpy, torch and sampling.
-    eval_every / eval_episodes: held-out evaluation cadence and size (0 = never).
+    eval_every / eval_episodes: evaluation cadence and size (0 = never). With
+        val_tasks the evaluation is on the validation split (and chooses the
+        weights); without it, on eval_episodes held-out test tasks (a curve only).
+    val_tasks: training tasks held out of RL as a validation split (0 = none), used
+        by eval_every for model selection (ponder.train.validation).
+    patience: stop after this many validation evaluations without a new best (0 = never).
+    keep_best: end on the best validation weights (kept in RUN_DIR/best), not the last.
     save_every: checkpoint every N steps (always at the end).
     out: run directory. nan_guard: stop on a NaN loss or reward.
     stop_grace_s: after SIGINT/SIGTERM the run stops at the end of the current step
@@ -343,6 +349,9 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 0
     eval_episodes: int = 32
+    val_tasks: int = 0
+    patience: int = 0
+    keep_best: bool = True
     save_every: int = 5
     out: str = "runs/train"
     stop_grace_s: float = 10.0
@@ -722,7 +731,7 @@ RANGES: dict[str, tuple[str, Any]] = {
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
-        "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills",
+        "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills", "train.val_tasks", "train.patience",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

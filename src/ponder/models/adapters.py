@@ -84,11 +84,14 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 def find_trained(path: str | os.PathLike[str]) -> Path | None:
     """The directory with the final weights of a checkpoint, stage or run directory:
-    the directory itself, its latest checkpoint, a demo's rl/ then sft/ stage, or a
+    the directory itself, the run's best validation weights (best/, kept by
+    train.keep_best), its latest checkpoint, a demo's rl/ then sft/ stage, or a
     pipeline's last finished training stage. None when there is none."""
     path = Path(path)
     if (path / MANIFEST).is_file():
         return path
+    if (path / "best" / MANIFEST).is_file():
+        return path / "best"
     pointer = path / "checkpoints" / "latest"
     if pointer.is_file():
         found = find_trained(pointer.parent / pointer.read_text().strip())

@@ -35,7 +35,7 @@ from ponder.train.metrics_log import METRICS_FILE, RESERVED_KEYS, read_metrics  
 
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"
-EVAL_PREFIX = "eval/"
+EVAL_PREFIXES = ("eval/", "val/")  # held-out test curve; validation (model selection)
 BEHAVIOUR_KEYS = (
     "episode/searches", "episode/turns", "episode/response_tokens",
     "collapse/tied_groups", "collapse/distinct_ratio",
@@ -174,7 +174,7 @@ def _other_keys(records: list[dict[str, Any]]) -> list[str]:
     """Logged keys that no figure of plot_metrics_dir draws, sorted."""
     shown = {*BEHAVIOUR_KEYS, *OPTIM_KEYS, *TIME_KEYS, THROUGHPUT_KEY}
     shown |= {key for panels in (SFT_PANELS, DPO_PANELS) for _, _, keys in panels for key in keys}
-    prefixes = ("reward/", "kind/", EVAL_PREFIX)
+    prefixes = ("reward/", "kind/", *EVAL_PREFIXES)
     keys = {key for record in records for key in record if key not in RESERVED_KEYS}
     return sorted(key for key in keys - shown if not key.startswith(prefixes))
 
@@ -404,11 +404,11 @@ def _present(records: list[dict[str, Any]], keys: Sequence[str]) -> list[str]:
 
 
 def _eval_keys(records: list[dict[str, Any]]) -> list[str]:
-    return sorted({key for r in records for key in r if key.startswith(EVAL_PREFIX)})
+    return sorted({key for r in records for key in r if key.startswith(EVAL_PREFIXES)})
 
 
 def _is_eval_key(key: str) -> bool:
-    return key.startswith(EVAL_PREFIX)
+    return key.startswith(EVAL_PREFIXES)
 
 
 def _merge_by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -51,6 +51,7 @@ from ponder.train.sampler import TaskSampler
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.optim import NonFiniteError
 from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise
+from ponder.train.validation import BEST_DIR, BestSoFar, split_validation, validate
 from ponder.types import Task, Trajectory
 
 
@@ -77,17 +78,21 @@ class RLTrainer:
     the training tasks, the reward (any callable (trajectory, task) -> (total |
     None, breakdown dict), like CompositeReward), the generation backend, and the
     recipe's settings. `from_recipe` builds them all from a recipe (ponder.wiring).
+    val_tasks: a validation split (never trained on) that chooses the kept weights
+    every train.eval_every steps (ponder.train.validation).
     """
 
     def __init__(
         self, policy: Policy, env_factory: Callable[[], Any], tasks: list[Task], reward: Callable[..., Any],
-        backend: Any, recipe: Recipe, run_dir: str | Path,
+        backend: Any, recipe: Recipe, run_dir: str | Path, val_tasks: list[Task] | None = None,
     ) -> None:  # fmt: skip
         self.recipe, self.run_dir = recipe, Path(run_dir)
         check_recipe(recipe)
         cfg = recipe.train
         self.sampler = TaskSampler(tasks, cfg.seed, cfg.stratify, cfg.shuffle)
         self.policy, self.backend, self.reward = policy, backend, reward
+        self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
+        self.best = BestSoFar(cfg.patience)
         self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
         hidden = self.policy.model.config.hidden_size
         self.value_head = ValueHead(hidden).to(self.policy.device) if recipe.algo.advantage == "gae" else None
@@ -116,7 +121,8 @@ class RLTrainer:
         spec = build_env(recipe, policy.tokenizer)
         reward = reward or build_reward(recipe, spec)
         backend = build_backend(policy, recipe)
-        return cls(policy, spec.factory, train_tasks(recipe, spec), reward, backend, recipe, run_dir)
+        tasks, val_tasks = split_validation(train_tasks(recipe, spec), recipe.train.val_tasks, recipe.train.seed)
+        return cls(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> Path:
         """Run until train.steps; returns the run directory. SIGINT/SIGTERM stop cleanly
@@ -126,12 +132,15 @@ class RLTrainer:
         try:
             # from step 0 too: lines a run killed before its first checkpoint logged go
             with MetricsLog(self.run_dir, resume_step=self.step) as log:
+                if self._selecting() and self.step == 0:
+                    log.log(0, self.select())  # the starting weights are a candidate too
                 while self.step < cfg.steps and not self.stop_requested:
                     metrics = self.train_step()
                     release_memory()  # each step's activations and KV caches, before the next rollout
                     self.step += 1
                     if cfg.eval_every and self.step % cfg.eval_every == 0:
-                        metrics.update(self.evaluate_held_out())
+                        metrics.update(self.select() if self._selecting() else self.evaluate_held_out())
+                        self.stop_requested |= self.best.exhausted
                     log.log(self.step, metrics)
                     if on_step is not None:
                         on_step(self.step, metrics)
@@ -143,7 +152,27 @@ class RLTrainer:
             if self._watchdog is not None:  # the run stopped in time: no exit from under the caller
                 self._watchdog.cancel()
                 self._watchdog = None
+        if self._selecting() and cfg.keep_best and self.best.step not in (-1, self.step):
+            load_adapter_weights(self.policy.model, self.run_dir / BEST_DIR)
+            self.backend.refresh()
         return self.run_dir
+
+    def _selecting(self) -> bool:
+        return bool(self.val_tasks) and self.recipe.train.eval_every > 0
+
+    def select(self) -> dict[str, float]:
+        """Evaluate the current weights on the validation split; keep them in
+        RUN_DIR/best when they are the best so far."""
+        from ponder.models.adapters import save_trained
+
+        tick = time.perf_counter()
+        self.policy.model.eval()
+        metrics = validate(self.policy, self.env_factory, self.val_tasks, self.reward, self.recipe)
+        if self.best.observe(self.step, metrics["val/reward"]) and self.recipe.train.keep_best:
+            save_trained(self.policy, self.run_dir / BEST_DIR)
+        metrics.update({"val/best_reward": self.best.best, "val/best_step": float(self.best.step),
+                        "time/val_s": time.perf_counter() - tick})  # fmt: skip
+        return metrics
 
     def train_step(self) -> dict[str, float]:
         """One RL step: rollout → reward → advantage → update. Returns its metrics."""
@@ -230,6 +259,7 @@ class RLTrainer:
                 "sampler": self.sampler.state_dict(),
                 "advantage_state": dict(self.advantage_state),
                 "kl": self.kl.state_dict(),
+                "best": self.best.state_dict(),
                 "rng": rng_state(),
                 "sampling_rng": self.backend.generator.get_state(),
             },
@@ -258,6 +288,7 @@ class RLTrainer:
         self.sampler.load_state_dict(trainer["sampler"])
         self.advantage_state = dict(trainer["advantage_state"])
         self.kl.load_state_dict(trainer["kl"])
+        self.best.load_state_dict(trainer.get("best", {}))
         set_rng_state(trainer["rng"])
         self.backend.generator.set_state(trainer["sampling_rng"])
         self.backend.refresh()

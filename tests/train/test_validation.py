@@ -1,0 +1,108 @@
+"""Model selection during RL: the validation split, the best-so-far record, early
+stopping and ending on the best weights (ponder.train.validation)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from peft import get_peft_model_state_dict
+
+from ponder.config import load_recipe
+from ponder.models.adapters import find_trained, saved_weights
+from ponder.train.checkpoint import latest_checkpoint
+from ponder.train.metrics_log import read_metrics
+from ponder.train.rl import RLTrainer
+from ponder.train.validation import BEST_DIR, BestSoFar, split_validation
+from ponder.types import Task
+
+from tests.train.test_rl_trainer import TINY, low_id_share
+
+
+def _tasks(kinds: str) -> list[Task]:
+    return [Task(id=f"t{i}", question=f"q{i}", answers=["a"], kind=kind) for i, kind in enumerate(kinds)]
+
+
+def test_split_takes_kinds_in_turn_and_keeps_every_task_once():
+    tasks = _tasks("aaaabb")
+    train, val = split_validation(tasks, 3, seed=0)
+    assert sorted(t.kind for t in val) == ["a", "a", "b"]  # a, b, a in turn
+    assert {t.id for t in train} | {t.id for t in val} == {t.id for t in tasks}
+    assert not {t.id for t in train} & {t.id for t in val}
+    assert [t.id for t in train] == [t.id for t in tasks if t not in val]  # order kept
+    assert split_validation(tasks, 3, seed=0) == (train, val)
+    assert split_validation(tasks, 0, seed=0) == (tasks, [])
+
+
+def test_split_covers_every_kind_when_it_can():
+    for seed in range(5):
+        _, val = split_validation(_tasks("aaaaaabbbc"), 3, seed)
+        assert sorted(t.kind for t in val) == ["a", "b", "c"]
+
+
+def test_split_refuses_to_leave_nothing_to_train_on():
+    try:
+        split_validation(_tasks("ab"), 2, seed=0)
+    except ValueError as err:
+        assert "train.val_tasks=2" in str(err)
+    else:
+        raise AssertionError("expected ValueError")
+
+
+def test_best_so_far_counts_evaluations_without_improvement():
+    best = BestSoFar(patience=2)
+    seen = [best.observe(step, value) for step, value in [(0, 0.5), (2, 0.4), (4, 0.6), (6, 0.6), (8, 0.5)]]
+    assert seen == [True, False, True, False, False]  # a tie keeps the earlier weights
+    assert (best.best, best.step, best.evals_since) == (0.6, 4, 2)
+    assert best.exhausted
+    restored = BestSoFar()
+    restored.load_state_dict(best.state_dict())
+    assert restored == best
+    assert not BestSoFar(patience=0, evals_since=99).exhausted and BestSoFar().best == -math.inf
+
+
+SELECT = TINY + ["train.val_tasks=4", "train.eval_every=1", "eval.temperature=0", "env.taskgen.n_train=12"]
+
+
+def test_run_ends_on_the_best_validation_weights_and_never_trains_on_them(tmp_path):
+    config = load_recipe(None, SELECT + ["train.steps=3", "optim.lr=5e-3"])
+    seen: set[str] = set()
+
+    def recording(trajectory, task):
+        seen.add(task.id)
+        return low_id_share(trajectory, task)
+
+    trainer = RLTrainer.from_recipe(config, tmp_path, reward=recording)
+    val_ids = {t.id for t in trainer.val_tasks}
+    trainer.train()
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert all("val/reward" in r for r in records)
+    best_step = int(records[-1]["val/best_step"])
+    assert records[-1]["val/best_reward"] == max(r["val/reward"] for r in records)
+    assert records[best_step]["val/reward"] == records[-1]["val/best_reward"]
+    assert len(val_ids) == 4
+    # validation tasks are scored (by `recording` too) but only in greedy validation
+    # episodes: the sampler's training groups never hold them
+    trained = {t.id for t in trainer.sampler.tasks}
+    assert not trained & val_ids and val_ids <= seen
+    final = get_peft_model_state_dict(trainer.policy.model)
+    best = saved_weights(tmp_path / BEST_DIR)
+    assert all(torch.equal(final[name], best[name]) for name in best)
+    assert find_trained(tmp_path) == tmp_path / BEST_DIR
+    last = saved_weights(latest_checkpoint(tmp_path))
+    same_as_last = all(torch.equal(last[name], best[name]) for name in best)
+    assert same_as_last == (best_step == 3)
+
+
+def test_patience_stops_the_run_when_validation_stops_improving(tmp_path):
+    config = load_recipe(None, SELECT + ["train.steps=5", "train.patience=2"])
+
+    def constant(trajectory, task):  # validation never improves on step 0
+        return 0.5, {"constant": 0.5}
+
+    RLTrainer.from_recipe(config, tmp_path, reward=constant).train()
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[-1]["val/best_step"] == 0.0
+    assert latest_checkpoint(tmp_path).name.endswith("2")
