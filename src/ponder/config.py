@@ -384,6 +384,27 @@ class SFTConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where an RL run's metrics go besides run_dir/metrics.jsonl, the source of truth
+    (plots, reports and resume read only that file; see ponder.train.tracking).
+
+    trackers: back-ends, any of `tensorboard` (event files in run_dir/tb: scalars,
+        the advantage histogram, sampled episodes as text) and `wandb` (Weights &
+        Biases, offline only: files in run_dir/wandb that `wandb sync` uploads later;
+        needs `pip install wandb`). Empty = metrics.jsonl alone.
+    samples_every: every N RL steps, a table of sampled episodes (question, response,
+        reward) goes to the trackers (0 = never).
+    samples: episodes in that table (the first of the step's batch).
+    project: the wandb project name.
+    """
+
+    trackers: list = field(default_factory=lambda: ["tensorboard"])
+    samples_every: int = 5
+    samples: int = 4
+    project: str = "ponder"
+
+
+@dataclass
 class Recipe:
     """A whole job: model, environment, retrieval, rollout, reward, evaluation, training."""
 
@@ -398,6 +419,7 @@ class Recipe:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 @dataclass
@@ -731,7 +753,8 @@ RANGES: dict[str, tuple[str, Any]] = {
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
-        "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills", "train.val_tasks", "train.patience",
+        "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills", "tracking.samples_every",
+        "tracking.samples", "train.val_tasks", "train.patience",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

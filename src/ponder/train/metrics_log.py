@@ -1,7 +1,9 @@
-"""Per-step training metrics: a crash-safe JSONL file, mirrored to TensorBoard.
+"""Per-step training metrics: a crash-safe JSONL file, mirrored to trackers.
 
 `run_dir/metrics.jsonl` is the source of truth (plots, reports and resume read
-it); TensorBoard under `run_dir/tb` is a live view of the same numbers.
+it); the trackers (ponder.train.tracking: TensorBoard under `run_dir/tb`, Weights &
+Biases offline under `run_dir/wandb`) are live views of the same numbers, plus
+histograms and tables of sampled episodes, which only they receive.
 
 Each line is `{"step": int, "time": float (unix seconds), <key>: value, ...}` with
 flat keys whose "/" groups become TensorBoard sections ("reward/em",
@@ -21,10 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ponder.fileio import atomic_path, dumps_strict
+from ponder.train.tracking import TENSORBOARD_DIR, Tracker, build_trackers  # noqa: F401 (TENSORBOARD_DIR: re-exported)
 
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tb"
 RESERVED_KEYS = ("step", "time")
 
 
@@ -35,10 +39,13 @@ class MetricsLog:
     after it (logged by the killed run after its last checkpoint) are removed from
     metrics.jsonl, and TensorBoard is told to hide its events after that step, so
     the resumed run's steps are not shown twice.
+    `trackers`: back-end names (ponder.train.tracking.TRACKERS); None = TensorBoard
+    when `tensorboard`, else none. `project` and `config`: the wandb run's.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True,
-                 *, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], tensorboard: bool = True, *, resume_step: int | None = None,
+                 trackers: list[str] | None = None, project: str = "ponder",
+                 config: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
@@ -47,11 +54,12 @@ class MetricsLog:
         elif self.path.exists():
             # A line cut short by a kill would otherwise glue onto the next one.
             _drop_partial_tail(self.path)
+        names = trackers if trackers is not None else (["tensorboard"] if tensorboard else [])
+        self._trackers: list[Tracker] = build_trackers(names, self.run_dir, resume_step, project, config)
         self._file = open(self.path, "a", encoding="utf-8")
-        self._writer = _summary_writer(self.run_dir / TENSORBOARD_DIR, resume_step) if tensorboard else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """Write one line for `step` (fsynced) and one TensorBoard scalar per number."""
+        """Write one line for `step` (fsynced) and send each number to the trackers."""
         if self._file is None:
             raise RuntimeError(f"MetricsLog for {self.run_dir} is closed")
         now = time.time()
@@ -60,20 +68,29 @@ class MetricsLog:
         self._file.write(dumps_strict(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
-        if self._writer is not None:
-            for key, value in values.items():
-                if isinstance(value, float):
-                    self._writer.add_scalar(key, value, global_step=int(step), walltime=now)
-            # The default flush is every 120 s; a live dashboard should not lag that much.
-            self._writer.flush()
+        numbers = {key: value for key, value in values.items() if isinstance(value, float)}
+        for tracker in self._trackers:
+            tracker.scalars(int(step), numbers, now)
+
+    def histogram(self, step: int, name: str, values: Any) -> None:
+        """A distribution (e.g. the step's advantages) to the trackers; not in the JSONL."""
+        array = np.asarray(values, dtype=np.float64).ravel()
+        array = array[np.isfinite(array)]
+        for tracker in self._trackers:
+            tracker.histogram(int(step), name, array)
+
+    def table(self, step: int, name: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """A small table (e.g. sampled episodes) to the trackers; not in the JSONL."""
+        for tracker in self._trackers:
+            tracker.table(int(step), name, columns, rows)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
 
     def __enter__(self) -> MetricsLog:
         return self
@@ -157,17 +174,3 @@ def _clean_value(key: str, value: Any) -> float | str:
             f"metric {key!r} must be a number or a string, got {type(value).__name__}; "
             "flatten nested values into 'group/name' keys"
         ) from error
-
-
-def _summary_writer(log_dir: Path, resume_step: int | None) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as error:  # torch needs the separate `tensorboard` package for this
-        raise ImportError(
-            "TensorBoard logging needs the `tensorboard` package: pip install tensorboard "
-            "(or pass tensorboard=False)"
-        ) from error
-    # purge_step makes TensorBoard hide events at or after it written by the
-    # killed run, so a resumed run's steps are not drawn twice.
-    purge_step = None if resume_step is None else resume_step + 1
-    return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)

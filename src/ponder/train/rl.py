@@ -35,7 +35,7 @@ from ponder.algos import (
     kl_penalty_rewards,
 )
 from ponder.algos.filters import GROUP_FILTERS
-from ponder.config import Recipe
+from ponder.config import Recipe, to_dict
 from ponder.models import Policy, apply_lora, load_policy
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
@@ -46,8 +46,9 @@ from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_stat
 from ponder.train.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
-from ponder.train.rl_metrics import episode_metrics
+from ponder.train.rl_metrics import episode_metrics, episode_table
 from ponder.train.sampler import TaskSampler
+from ponder.train.tracking import check_trackers
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.optim import NonFiniteError
 from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise
@@ -106,6 +107,7 @@ class RLTrainer:
         self.advantage_state: dict[str, Any] = {}
         self.step = 0
         self.stop_requested = False
+        self._last_step: tuple[np.ndarray, list[Task], list[Trajectory]] | None = None
         self._watchdog: threading.Timer | None = None
 
     @classmethod
@@ -131,7 +133,7 @@ class RLTrainer:
         previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             # from step 0 too: lines a run killed before its first checkpoint logged go
-            with MetricsLog(self.run_dir, resume_step=self.step) as log:
+            with self._metrics_log() as log:
                 if self._selecting() and self.step == 0:
                     log.log(0, self.select())  # the starting weights are a candidate too
                 while self.step < cfg.steps and not self.stop_requested:
@@ -142,6 +144,7 @@ class RLTrainer:
                         metrics.update(self.select() if self._selecting() else self.evaluate_held_out())
                         self.stop_requested |= self.best.exhausted
                     log.log(self.step, metrics)
+                    self._log_extras(log)
                     if on_step is not None:
                         on_step(self.step, metrics)
                     if self.step % cfg.save_every == 0 or self.step == cfg.steps or self.stop_requested:
@@ -202,6 +205,8 @@ class RLTrainer:
             algo.norm_by_std, algo.std_scope, algo.std_eps, algo.gamma, algo.lam, algo.baseline_momentum, algo.whiten_gae
         )
         advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
+        # For the trackers (histogram, sampled episodes): the advantages of trained tokens.
+        self._last_step = (advantages[batch.loss_mask > 0].detach().cpu().numpy(), tasks, trajectories)
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
         tick = time.perf_counter()
         try:
@@ -226,6 +231,24 @@ class RLTrainer:
             }
         )
         return metrics
+
+    def _metrics_log(self) -> MetricsLog:
+        tracking = self.recipe.tracking
+        return MetricsLog(self.run_dir, resume_step=self.step, trackers=list(tracking.trackers),
+                          project=tracking.project, config=to_dict(self.recipe))  # fmt: skip
+
+    def _log_extras(self, log: MetricsLog) -> None:
+        """What metrics.jsonl does not hold: the step's advantages as a histogram and,
+        every tracking.samples_every steps, a table of sampled episodes."""
+        if self._last_step is None:
+            return
+        advantages, tasks, trajectories = self._last_step
+        log.histogram(self.step, "advantages", advantages)
+        every = self.recipe.tracking.samples_every
+        if every and self.step % every == 0:
+            columns, rows = episode_table(trajectories, tasks, self.recipe.tracking.samples)
+            log.table(self.step, "samples", columns, rows)
+        self._last_step = None
 
     def update_inputs(self) -> UpdateInputs:
         """What the update reads besides the batch (ponder.train.update.optimise)."""
@@ -347,8 +370,9 @@ class RLTrainer:
 
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
-    KL, std scope or SFT behaviour, for an SFT oracle_fraction outside [0, 1], and for
-    micro-batch sizes below 1 (update) or 0 (no-grad passes)."""
+    KL, std scope, tracker or SFT behaviour, for wandb named but not installed, for an SFT
+    oracle_fraction outside [0, 1], and for micro-batch sizes below 1 (update) or 0
+    (no-grad passes)."""
     if recipe.sft.behaviour not in BEHAVIOURS:
         raise ValueError(f"sft.behaviour: unknown '{recipe.sft.behaviour}'; valid: {', '.join(BEHAVIOURS)}")
     if not 0.0 <= recipe.sft.oracle_fraction <= 1.0:
@@ -358,6 +382,7 @@ def check_recipe(recipe: Recipe) -> None:
     AGGREGATIONS.get(recipe.algo.aggregation)
     KL_ESTIMATORS.get(recipe.algo.kl_estimator)
     GROUP_FILTERS.get(recipe.algo.group_filter)
+    check_trackers(recipe.tracking.trackers)
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
     if recipe.algo.micro_batch_size < 1 or recipe.algo.logprob_micro_batch_size < 0:

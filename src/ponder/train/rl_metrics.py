@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from ponder.eval.metrics import mean
-from ponder.types import Trajectory
+from ponder.types import Task, Trajectory
 
 
 def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None = None) -> dict[str, float]:
@@ -41,3 +42,17 @@ def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None
         metrics[f"kind/{kind}/reward"] = mean([t.reward for t in group if t.reward is not None])
         metrics[f"kind/{kind}/searches"] = mean([t.metrics.get("searches", 0.0) for t in group])
     return metrics
+
+
+EPISODE_COLUMNS = ["task", "question", "response", "reward"]
+
+
+def episode_table(trajectories: list[Trajectory], tasks: list[Task], n: int) -> tuple[list[str], list[list[Any]]]:
+    """The first `n` episodes as rows (task id, question, response text, reward; an
+    unscorable reward as NaN): the sampled-episodes table the trackers show."""
+    questions = {task.id: task.question for task in tasks}
+    rows = [
+        [t.task_id, questions.get(t.task_id, ""), t.response_text, float("nan") if t.reward is None else t.reward]
+        for t in trajectories[:n]
+    ]
+    return list(EPISODE_COLUMNS), rows
