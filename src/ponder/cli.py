@@ -73,6 +73,22 @@ def cmd_serve_retriever(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp_serve(args: argparse.Namespace) -> int:
+    from ponder.agent.toolbox import ToolboxOptions, build_tools
+    from ponder.tools import ToolRegistry
+    from ponder.tools.mcp.server import CallLog, serve_http, serve_stdio
+
+    names = [name.strip() for name in args.tools.split(",") if name.strip()]
+    options = ToolboxOptions(args.files_root, args.corpus, args.docs, args.python_timeout_s)
+    registry = ToolRegistry(build_tools(names, options), default_timeout_s=args.timeout_s)
+    log = CallLog(args.call_log)
+    if args.transport == "stdio":
+        serve_stdio(registry, log)
+    else:
+        serve_http(registry, args.host, args.port, log)
+    return 0
+
+
 def cmd_gen_tasks(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe
     from ponder.envs import generate_world, write_jsonl
@@ -323,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-topk", type=int, default=100, help="a larger topk gets 422")
     serve.set_defaults(handler=cmd_serve_retriever)
 
+    _add_mcp_serve_command(commands)
     _add_training_commands(commands)
     _add_pipeline_command(commands)
     _add_export_command(commands)
@@ -340,6 +357,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_tool_commands(commands)  # `tools` and `bench-agent`
     return parser
+
+
+def _add_mcp_serve_command(commands: Any) -> None:
+    from ponder.agent.toolbox import BUILTIN_TOOLS
+
+    serve = commands.add_parser(
+        "mcp-serve", help="serve ponder's tools to MCP clients (stdio or streamable HTTP)",
+        description="Serve ponder's built-in tools over the Model Context Protocol. Calls are validated "
+        "against each tool's JSON Schema and stopped at its time limit; python runs in ponder's jail.",
+    )  # fmt: skip
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                       help="stdio (an MCP client starts this command) or http (streamable HTTP at /mcp)")
+    serve.add_argument("--host", default="127.0.0.1", help="http: bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8765, help="http: port (default 8765)")
+    serve.add_argument("--tools", default="calculator",
+                       help=f"comma-separated tools to serve: {','.join(BUILTIN_TOOLS)} (default calculator)")
+    serve.add_argument("--corpus", help="JSONL corpus of {id, contents} for the search tool")
+    serve.add_argument("--docs", action="append", help="document file or folder for the rag tool (repeatable)")
+    serve.add_argument("--files-root", help="folder the read_file tool may read")
+    serve.add_argument("--python-timeout-s", type=float, default=5.0, help="time limit of a python run")
+    serve.add_argument("--timeout-s", type=float, default=10.0, help="time limit of any other tool call")
+    serve.add_argument("--call-log", metavar="FILE", help="append one JSON line per call (tool, arguments, "
+                       "is_error, elapsed_s) to FILE")  # fmt: skip
+    serve.set_defaults(handler=cmd_mcp_serve)
 
 
 def _console() -> Any:
