@@ -356,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ponder.eval.tools_cli import register as register_tool_commands
 
     register_tool_commands(commands)  # `tools` and `bench-agent`
+    from ponder.serve.cli import register as register_serve_command
+
+    register_serve_command(commands)  # `serve`
     return parser
 
 

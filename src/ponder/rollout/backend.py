@@ -31,7 +31,7 @@ class Generation:
     """What the policy produced for one request.
 
     finish_reason: `stop` (a stop string appeared), `eos` (end-of-turn token),
-    `length` (max_new_tokens reached).
+    `length` (max_new_tokens reached), `abort` (the `hf` backend's `on_token` ended it).
     logprobs[i] is log p(token_ids[i]) under the sampling distribution.
     """
 

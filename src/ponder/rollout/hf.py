@@ -24,6 +24,7 @@ import copy
 import ctypes
 import gc
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,10 @@ class HFBackend:
         self.eos_ids = _eos_ids(policy)
         self.store = KVStore() if reuse_kv else None
         self._sampler: Any = None
+        # Called after every sampled token with the row's request and its tokens so far;
+        # True ends that row now, finish_reason "abort" (a server streams text through
+        # it and stops rows whose own stop string appeared or whose client went away).
+        self.on_token: Callable[[GenerationRequest, list[int]], bool] | None = None
 
     def refresh(self) -> None:
         """The policy's weights changed: rebuild the sampling copy on next use."""
@@ -99,6 +104,8 @@ class HFBackend:
                 row.token_ids.append(int(tokens[j]))
                 row.logprobs.append(float(logprobs[j]))
                 row.finish_reason = self._finish_reason(row, stop_strings)
+                if self.on_token is not None and self.on_token(row.request, row.token_ids) and not row.finish_reason:
+                    row.finish_reason = "abort"
                 if not row.finish_reason:
                     keep.append(j)
                 elif self.store is not None:  # what the model has read, for this episode's next turn

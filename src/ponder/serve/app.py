@@ -1,0 +1,363 @@
+"""The HTTP layer: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
+
+Requests are read and checked here (size, JSON, fields, model name, API key) and
+every refusal is OpenAI's error body (serve/errors.py). Generation happens on the
+batching worker (serve/batcher.py), awaited without blocking the event loop, so
+requests that arrive together are generated in one batch.
+
+Streaming (`stream: true`) sends server-sent events in OpenAI's chunk format and ends
+with `data: [DONE]`. Text goes out as it is decoded, except a tail that could still
+become a stop string or a `<tool_call>` (held back until it is decided); calls come
+as `tool_calls` deltas at the end. A request that must be checked before any of it
+is sent (a forced tool choice, a response_format) is generated whole, then sent as
+chunks. A client that goes away mid-stream cancels its row at the next token; the
+server keeps serving the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ponder.serve.batcher import Job, JobResult
+from ponder.serve.chat import TOOL_OPEN, ChatPlan, ChatReply, cut_at_stop, holdback_start, plan_chat, read_reply
+from ponder.serve.engine import ModelServer
+from ponder.serve.errors import APIError, bad_request, model_output_error
+from ponder.serve.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    api_error_from,
+    max_tokens_of,
+    parse_request,
+    stop_list,
+)
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON: 413 past `limit` bytes (from Content-Length before
+    reading, else while reading), 400 when it is not JSON."""
+    too_large = APIError(413, f"the request body is larger than this server's limit of {limit} bytes "
+                              "(--max-body-bytes)", "request_too_large")  # fmt: skip
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except json.JSONDecodeError as err:
+        raise bad_request(f"the request body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
+                          code="invalid_json") from None  # fmt: skip
+    except (UnicodeDecodeError, RecursionError, ValueError) as err:
+        raise bad_request(f"the request body is not valid JSON: {type(err).__name__}", code="invalid_json") from None
+
+
+def _authorize(request: Request, api_key: str | None) -> None:
+    if api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key")
+    # Compared in constant time: the answer's timing must not reveal how much of a guess was right.
+    if given is None or not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise APIError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "invalid_api_key")
+
+
+def create_app(server: ModelServer) -> FastAPI:
+    """The FastAPI app serving `server`'s models."""
+    config = server.config
+    app = FastAPI(title="ponder serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(APIError(exc.status_code, str(exc.detail), code).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        error = api_error_from(exc)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": [m["id"] for m in server.models()]}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        _authorize(request, config.api_key)
+        return {"object": "list", "data": server.models()}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> dict[str, Any]:
+        _authorize(request, config.api_key)
+        server.adapter_for(model_id)
+        return next(m for m in server.models() if m["id"] == model_id)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> JSONResponse | StreamingResponse:
+        _authorize(request, config.api_key)
+        body = parse_request(await read_json(request, config.max_body_bytes), ChatRequest)
+        return await chat_completion(server, body)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> JSONResponse | StreamingResponse:
+        _authorize(request, config.api_key)
+        body = parse_request(await read_json(request, config.max_body_bytes), CompletionRequest)
+        return await text_completion(server, body)
+
+    return app
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+
+
+def _check_choices(server: ModelServer, count: int, stream: bool) -> None:
+    if count > server.config.max_choices:
+        raise bad_request(f"{count} choices asked for (n times prompts); this server gives at most "
+                          f"{server.config.max_choices}", param="n")  # fmt: skip
+    if stream and count > 1:
+        raise bad_request("stream: true works with one choice (n 1, one prompt)", param="n")
+
+
+# --- chat ----------------------------------------------------------------------------
+
+
+async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResponse | StreamingResponse:
+    adapter = server.adapter_for(request.model)
+    _check_choices(server, request.n, request.stream)
+    plan = plan_chat(request)
+    prompt_ids = server.encode_chat(plan.messages, plan.prefill)
+    budget = server.token_budget(prompt_ids, max_tokens_of(request))
+    stops = stop_list(request.stop)
+
+    def job(on_text: Callable[[str], None] | None = None) -> Job:
+        return Job(prompt_ids, budget, adapter, request.temperature, request.top_p, stops, on_text)
+
+    meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
+    usage_wanted = bool(request.stream_options and request.stream_options.include_usage)
+    if request.stream and not (plan.forced or plan.json_mode):
+        events = _stream_chat(server, job, plan, stops, meta, len(prompt_ids), usage_wanted)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    attempts = 1 + (server.config.retries if request.temperature > 0 and (plan.forced or plan.json_mode) else 0)
+    results = await asyncio.gather(*[_chat_choice(server, job, plan, stops, attempts) for _ in range(request.n)])
+    used = sum(tokens for _, _, tokens in results)
+    if request.stream:
+        reply, finish, _ = results[0]
+        events = _replay_chat(reply, finish, meta, _usage(len(prompt_ids), used) if usage_wanted else None)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    choices = [{"index": i, "message": _message(reply), "logprobs": None, "finish_reason": finish}
+               for i, (reply, finish, _) in enumerate(results)]  # fmt: skip
+    body = {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(len(prompt_ids), used)}
+    return JSONResponse(body)
+
+
+async def _chat_choice(
+    server: ModelServer, job: Callable[[], Job], plan: ChatPlan, stops: list[str], attempts: int
+) -> tuple[ChatReply, str, int]:
+    """One choice: (reply, finish_reason, tokens generated over all attempts); a reply that
+    misses a forced tool call or the response_format is retried, then refused (422)."""
+    used = 0
+    for _ in range(attempts):
+        result = await server.generate(job())
+        used += len(result.token_ids)
+        text, _ = cut_at_stop(result.text, stops)
+        reply = read_reply(plan.prefill + text, plan)
+        if reply.problem is None:
+            return reply, "tool_calls" if reply.tool_calls else result.finish_reason, used
+    what, code = ("a valid tool call", "tool_choice_unmet") if plan.forced else ("JSON that fits response_format",
+                                                                                  "response_format_unmet")  # fmt: skip
+    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
+    raise model_output_error(f"the model did not write {what} in {tries}: {reply.problem}", code)
+
+
+def _message(reply: ChatReply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return message
+
+
+def _chat_chunk(meta: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return sse({**meta, "object": "chat.completion.chunk", "choices": [choice]})
+
+
+def _call_deltas(meta: dict[str, Any], calls: list[dict[str, Any]]) -> list[str]:
+    return [_chat_chunk(meta, {"tool_calls": [{"index": i, **call}]}) for i, call in enumerate(calls)]
+
+
+def _usage_chunk(meta: dict[str, Any], usage: dict[str, int]) -> str:
+    return sse({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+
+
+async def _replay_chat(
+    reply: ChatReply, finish: str, meta: dict[str, Any], usage: dict[str, int] | None
+) -> AsyncIterator[str]:
+    """A finished, checked reply as a stream."""
+    yield _chat_chunk(meta, {"role": "assistant", "content": ""})
+    if reply.content:
+        yield _chat_chunk(meta, {"content": reply.content})
+    for event in _call_deltas(meta, reply.tool_calls):
+        yield event
+    yield _chat_chunk(meta, {}, finish)
+    if usage is not None:
+        yield _usage_chunk(meta, usage)
+    yield DONE
+
+
+class _LiveText:
+    """The text of one job as it is generated, for streaming: `deltas()` yields what can
+    be shown (see holdback_start); `finish()` the job's result once it is done."""
+
+    def __init__(self, server: ModelServer, make_job: Callable[..., Job], markers: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        self.updates: asyncio.Queue[str | None] = asyncio.Queue()
+        self.job = make_job(lambda text: loop.call_soon_threadsafe(self.updates.put_nowait, text))
+        self.future = server.batcher.submit(self.job)
+        self.future.add_done_callback(lambda _: loop.call_soon_threadsafe(self.updates.put_nowait, None))
+        self.markers = markers
+        self.sent = 0
+
+    async def deltas(self) -> AsyncIterator[str]:
+        while (text := await self.updates.get()) is not None:
+            end = holdback_start(text, self.markers)
+            if end > self.sent:
+                yield text[self.sent : end]
+                self.sent = end
+
+    def finish(self) -> JobResult:
+        return self.future.result()
+
+
+async def _stream_chat(
+    server: ModelServer, make_job: Callable[..., Job], plan: ChatPlan, stops: list[str], meta: dict[str, Any],
+    prompt_tokens: int, usage_wanted: bool,
+) -> AsyncIterator[str]:  # fmt: skip
+    live = _LiveText(server, make_job, stops + ([TOOL_OPEN] if plan.tools else []))
+    try:
+        yield _chat_chunk(meta, {"role": "assistant", "content": ""})
+        async for delta in live.deltas():
+            yield _chat_chunk(meta, {"content": delta})
+        try:
+            result = live.finish()
+        except Exception as exc:  # the status line has gone out: the error travels as an event
+            yield sse(api_error_from(exc).body())
+            yield DONE
+            return
+        text, _ = cut_at_stop(result.text, stops)
+        reply = read_reply(text, plan)
+        rest = text[live.sent : text.find(TOOL_OPEN)] if reply.tool_calls else text[live.sent :]
+        if rest.strip() or (rest and not reply.tool_calls):
+            yield _chat_chunk(meta, {"content": rest})
+        for event in _call_deltas(meta, reply.tool_calls):
+            yield event
+        yield _chat_chunk(meta, {}, "tool_calls" if reply.tool_calls else result.finish_reason)
+        if usage_wanted:
+            yield _usage_chunk(meta, _usage(prompt_tokens, len(result.token_ids)))
+        yield DONE
+    finally:
+        live.job.cancelled = True  # a no-op once it is done; ends its row if the client left
+
+
+# --- completions ---------------------------------------------------------------------
+
+
+def _prompt_ids(server: ModelServer, prompt: Any) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompts = [server.encode_text(prompt)]
+    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [list(prompt)]
+    else:
+        prompts = [server.encode_text(p) if isinstance(p, str) else list(p) for p in prompt]
+    vocabulary = len(server.tokenizer)
+    if not prompts:
+        raise bad_request("prompt is an empty list", param="prompt")
+    for ids in prompts:
+        if not ids:
+            raise bad_request("prompt is empty", param="prompt")
+        if any(not 0 <= token < vocabulary for token in ids):
+            raise bad_request(f"prompt has a token id outside the vocabulary (0-{vocabulary - 1})", param="prompt")
+    return prompts
+
+
+async def text_completion(server: ModelServer, request: CompletionRequest) -> JSONResponse | StreamingResponse:
+    adapter = server.adapter_for(request.model)
+    prompts = _prompt_ids(server, request.prompt)
+    _check_choices(server, len(prompts) * request.n, request.stream)
+    budgets = [server.token_budget(ids, request.max_tokens) for ids in prompts]
+    stops = stop_list(request.stop)
+
+    def job(index: int, on_text: Callable[[str], None] | None = None) -> Job:
+        return Job(prompts[index], budgets[index], adapter, request.temperature, request.top_p, stops, on_text)
+
+    meta = {"id": "cmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
+    echo = [server.decode(ids) if request.echo else "" for ids in prompts]
+    if request.stream:
+        usage_wanted = bool(request.stream_options and request.stream_options.include_usage)
+        events = _stream_completion(server, lambda on_text: job(0, on_text), stops, meta, echo[0],
+                                    len(prompts[0]) if usage_wanted else None)  # fmt: skip
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    order = [p for p in range(len(prompts)) for _ in range(request.n)]
+    results = await asyncio.gather(*[server.generate(job(p)) for p in order])
+    choices = [{"index": i, "text": echo[p] + cut_at_stop(r.text, stops)[0], "logprobs": None,
+                "finish_reason": r.finish_reason} for i, (p, r) in enumerate(zip(order, results))]  # fmt: skip
+    used = sum(len(r.token_ids) for r in results)
+    prompt_tokens = sum(len(prompts[p]) for p in range(len(prompts)))
+    body = {**meta, "object": "text_completion", "choices": choices, "usage": _usage(prompt_tokens, used)}
+    return JSONResponse(body)
+
+
+def _completion_chunk(meta: dict[str, Any], text: str, finish: str | None = None) -> str:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return sse({**meta, "object": "text_completion", "choices": [choice]})
+
+
+async def _stream_completion(
+    server: ModelServer, make_job: Callable[..., Job], stops: list[str], meta: dict[str, Any], echo: str,
+    usage_prompt_tokens: int | None,
+) -> AsyncIterator[str]:  # fmt: skip
+    live = _LiveText(server, make_job, stops)
+    try:
+        if echo:
+            yield _completion_chunk(meta, echo)
+        async for delta in live.deltas():
+            yield _completion_chunk(meta, delta)
+        try:
+            result = live.finish()
+        except Exception as exc:
+            yield sse(api_error_from(exc).body())
+            yield DONE
+            return
+        text, _ = cut_at_stop(result.text, stops)
+        yield _completion_chunk(meta, text[live.sent :], result.finish_reason)
+        if usage_prompt_tokens is not None:
+            usage = _usage(usage_prompt_tokens, len(result.token_ids))
+            yield sse({**meta, "object": "text_completion", "choices": [], "usage": usage})
+        yield DONE
+    finally:
+        live.job.cancelled = True

@@ -1,0 +1,173 @@
+"""Requests that arrive together are generated together.
+
+One worker thread owns the backend. It takes the oldest waiting job, gathers every
+job that arrives within `window_s` (or is already waiting) and can share its batch,
+up to `max_batch`, and generates them in one `backend.generate` call. Jobs share a
+batch when they use the same adapter and the same sampling settings (the backend
+samples a batch with one temperature and top-p); the rest wait for the next batch,
+oldest first. A batch runs to its end (the backend has no continuous batching): what
+arrives meanwhile forms the next one.
+
+Per job, through the backend's `on_token` hook: its own stop strings end its row
+(so jobs with different `stop` share a batch), streaming jobs get the text so far
+after every token, and a cancelled job (its client left) ends its row at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from ponder.rollout.backend import Generation, GenerationRequest, first_stop
+from ponder.serve.adapters import AdapterBackend
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """One completion to generate.
+
+    on_text: for streaming, called on the worker thread with the decoded text so far
+        after every token (stop strings not yet cut).
+    cancelled: set by the server when the client has gone; its row ends at the next token.
+    """
+
+    context_ids: list[int]
+    max_new_tokens: int
+    adapter: str | None
+    temperature: float
+    top_p: float
+    stop: list[str] = field(default_factory=list)
+    on_text: Callable[[str], None] | None = None
+    key: str = field(default_factory=lambda: uuid.uuid4().hex)
+    future: Future = field(default_factory=Future)
+    cancelled: bool = False
+    stopped: bool = False
+
+    def batch_key(self) -> tuple[str | None, float, float]:
+        # Greedy ignores top_p: every greedy job of an adapter can share a batch.
+        return (self.adapter, 0.0, 1.0) if self.temperature <= 0 else (self.adapter, self.temperature, self.top_p)
+
+
+@dataclass
+class JobResult:
+    """finish_reason: `stop` (end of turn or a stop string), `length`, or `abort`."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stopped: bool
+
+
+class Batcher:
+    """The worker thread and its queue (see module docstring). `start()`, `submit(job)`,
+    `stop()`; `batches` counts batches run and `batch_sizes` their sizes, for tests and logs."""
+
+    def __init__(self, backend: AdapterBackend, window_s: float = 0.005, max_batch: int = 32) -> None:
+        self.backend = backend
+        self.window_s = window_s
+        self.max_batch = max_batch
+        self.batch_sizes: list[int] = []
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._waiting: deque[Job] = deque()
+        self._running: dict[str, Job] = {}
+        self._thread = threading.Thread(target=self._run, name="ponder-serve-batcher", daemon=True)
+        backend.on_token = self._observe
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish the batch in progress and end the thread; jobs still waiting are cancelled."""
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def submit(self, job: Job) -> Future:
+        if not self._thread.is_alive():
+            raise RuntimeError("the generation worker is not running")
+        self._queue.put(job)
+        return job.future
+
+    def _run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            if batch:
+                self._generate(batch)
+        for job in list(self._waiting):
+            job.future.cancel()
+
+    def _next_batch(self) -> list[Job] | None:
+        """The oldest job and those that can join it; None when told to stop."""
+        first = self._waiting.popleft() if self._waiting else self._queue.get()
+        if first is None:
+            return None
+        batch, key, later = [first], first.batch_key(), deque()
+        for job in self._waiting:
+            (batch if job.batch_key() == key and len(batch) < self.max_batch else later).append(job)
+        self._waiting = later
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < self.max_batch:
+            remaining = deadline - time.monotonic()
+            try:
+                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._queue.put(None)  # stop after this batch
+                break
+            (batch if job.batch_key() == key else self._waiting).append(job)
+        for job in batch:
+            if job.cancelled:
+                job.future.cancel()
+        return [job for job in batch if job.future.set_running_or_notify_cancel()]
+
+    def _generate(self, batch: list[Job]) -> None:
+        first = batch[0]
+        self.backend.adapter = first.adapter
+        self.backend.sampling = dataclasses.replace(self.backend.sampling, temperature=first.temperature,
+                                                    top_p=first.top_p)  # fmt: skip
+        requests = [GenerationRequest(job.key, job.context_ids, job.max_new_tokens) for job in batch]
+        self._running = {job.key: job for job in batch}
+        try:
+            generations = self.backend.generate(requests, [])
+        except Exception as exc:  # one bad batch must not end the worker: its requests get the error
+            logger.exception("generation failed")
+            for job in batch:
+                job.future.set_exception(exc)
+            return
+        finally:
+            self._running = {}
+        self.batch_sizes.append(len(batch))
+        for job, generation in zip(batch, generations):
+            job.future.set_result(self._result(job, generation))
+
+    def _observe(self, request: GenerationRequest, token_ids: list[int]) -> bool:
+        """The backend's per-token hook (see module docstring); True ends the row."""
+        job = self._running.get(request.key)
+        if job is None:
+            return False
+        if job.cancelled:
+            return True
+        if not job.stop and job.on_text is None:
+            return False
+        text = self.backend.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if job.stop and first_stop(text, job.stop) >= 0:
+            job.stopped = True
+        if job.on_text is not None:
+            job.on_text(text)
+        return job.stopped
+
+    def _result(self, job: Job, generation: Generation) -> JobResult:
+        if job.stopped or generation.finish_reason in ("eos", "stop"):
+            reason = "stop"
+        else:
+            reason = "abort" if generation.finish_reason == "abort" else "length"
+        return JobResult(generation.token_ids, generation.text, reason, job.stopped)

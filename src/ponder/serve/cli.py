@@ -1,0 +1,63 @@
+"""`ponder serve`: parse the flags into a ServeConfig and run the server.
+
+`register(commands)` adds the command to the `ponder` argument parser; `ponder.cli`
+calls it. Bad flags (a malformed --adapter, a path that holds no adapter, an adapter
+that does not fit the model) raise ValueError before anything listens, which
+`ponder.cli.main` prints as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+DESCRIPTION = """\
+Serve a policy over OpenAI's HTTP API: POST /v1/chat/completions (tools,
+tool_choice, response_format, stream), POST /v1/completions, GET /v1/models.
+Each --adapter is served under its own model name on the one base model;
+requests that arrive together are generated in one batch. See docs/serving.md.
+"""
+
+
+def register(commands: Any) -> None:
+    serve = commands.add_parser("serve", help="serve a policy and its adapters over an OpenAI-compatible HTTP API",
+                                description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--model", default="smollm2-135m",
+                       help="base model: smollm2-135m (embedded), tiny, a local HF model dir, or a ponder run "
+                            "dir (its adapters merged); served under this name")
+    serve.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                       help="serve a LoRA adapter as model NAME; PATH is a PEFT adapter dir (ponder export) or "
+                            "a ponder run / checkpoint dir (repeatable)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", help="require Authorization: Bearer KEY; default $PONDER_API_KEY, which keeps "
+                                         "it out of the process list")
+    serve.add_argument("--max-tokens-limit", type=int, default=1024, help="larger max_tokens get 400")
+    serve.add_argument("--max-body-bytes", type=int, default=1_000_000, help="larger request bodies get 413")
+    serve.add_argument("--max-batch-size", type=int, default=32, help="most requests generated in one batch")
+    serve.add_argument("--batch-window-ms", type=float, default=5.0,
+                       help="how long a batch waits for more requests to join it")
+    serve.add_argument("--retries", type=int, default=2,
+                       help="extra attempts when a sampled reply misses a forced tool call or response_format")
+    serve.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    serve.add_argument("--seed", type=int, default=0, help="sampling seed")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(handler=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ponder.serve import ServeConfig, api_key_from_env, serve
+    from ponder.serve.adapters import parse_adapter_flags
+
+    config = ServeConfig(
+        model=args.model, adapters=parse_adapter_flags(args.adapter), host=args.host, port=args.port,
+        api_key=args.api_key or api_key_from_env(), max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
+        batch_window_ms=args.batch_window_ms, retries=args.retries, device=args.device, seed=args.seed,
+    )  # fmt: skip
+    names = ", ".join([config.model, *config.adapters])
+    keyed = "; API key required" if config.api_key else ""
+    print(f"serving {names} on http://{config.host}:{config.port}/v1{keyed}", file=sys.stderr, flush=True)
+    serve(config, log_level=args.log_level)
+    return 0

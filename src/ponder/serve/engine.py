@@ -1,0 +1,148 @@
+"""The served model: its settings, its names, prompt encoding and generation.
+
+`ModelServer.load(config)` loads the base policy, attaches the adapters, and starts
+the batching worker. The HTTP layer (serve/app.py) only turns requests into `Job`s
+and results into OpenAI's shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ponder.models.loading import EMBEDDED_NAME, Policy, load_policy
+from ponder.serve.adapters import AdapterBackend, attach_adapters, find_adapter
+from ponder.serve.batcher import Batcher, Job, JobResult
+from ponder.serve.errors import APIError, bad_request
+
+API_KEY_ENV = "PONDER_API_KEY"
+
+
+@dataclass
+class ServeConfig:
+    """How `ponder serve` runs.
+
+    model: the base model (smollm2-135m, tiny, a HF model dir, a ponder run dir).
+    adapters: served model name -> adapter path (PEFT dir, or a run / checkpoint dir).
+    host, port: where to listen; loopback unless told otherwise.
+    api_key: required as `Authorization: Bearer KEY` when set (None: open).
+    max_tokens_limit: the most tokens one completion may ask for (400 above it).
+    max_body_bytes: the largest request body (413 above it).
+    max_choices: the largest `n` (choices per request) and prompts per completion.
+    batch_window_ms: how long the worker waits for more requests to join a batch.
+    max_batch_size: the most requests generated in one batch.
+    retries: extra attempts when a sampled reply misses a forced tool call or a
+        response_format (greedy replies are not retried: they would repeat).
+    cached_samplers: merged adapter copies kept for sampling (LRU; ~0.4 GB each for
+        the embedded model).
+    device, dtype, seed: where and how the model runs; the sampling seed.
+    """
+
+    model: str = EMBEDDED_NAME
+    adapters: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_tokens_limit: int = 1024
+    max_body_bytes: int = 1_000_000
+    max_choices: int = 8
+    batch_window_ms: float = 5.0
+    max_batch_size: int = 32
+    retries: int = 2
+    cached_samplers: int = 3
+    device: str = "auto"
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_limit", "max_body_bytes", "max_choices", "max_batch_size", "cached_samplers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.retries < 0 or self.batch_window_ms < 0:
+            raise ValueError("retries and batch_window_ms must be >= 0")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it unset to serve without one)")
+        if self.model in self.adapters:
+            raise ValueError(f"--adapter {self.model!r}: that name is the base model's")
+
+
+def api_key_from_env() -> str | None:
+    return os.environ.get(API_KEY_ENV) or None
+
+
+class ModelServer:
+    """The base policy with its adapters behind one batching worker."""
+
+    def __init__(self, config: ServeConfig, policy: Policy) -> None:
+        self.config = config
+        self.created = int(time.time())
+        self.base_name = config.model
+        self.adapter_names = list(config.adapters)
+        self.backend = AdapterBackend(policy, seed=config.seed, cached_samplers=config.cached_samplers)
+        # The worker thread decodes with the backend's tokenizer; requests are encoded on
+        # the event loop with a copy (a fast tokenizer used from two threads at once can
+        # fail with "Already borrowed").
+        self.tokenizer = copy.deepcopy(policy.tokenizer)
+        self.context_limit = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.batcher = Batcher(self.backend, config.batch_window_ms / 1000, config.max_batch_size)
+        self.batcher.start()
+
+    @classmethod
+    def load(cls, config: ServeConfig) -> ModelServer:
+        """Check every adapter path, then load the model (ValueError on bad input)."""
+        found = {name: find_adapter(name, path, config.model) for name, path in config.adapters.items()}
+        policy = attach_adapters(load_policy(config.model, config.dtype, config.device), found)
+        return cls(config, policy)
+
+    def close(self) -> None:
+        self.batcher.stop()
+
+    def models(self) -> list[dict[str, Any]]:
+        """OpenAI's model objects: the base, then each adapter (its `parent` the base)."""
+        base = {"id": self.base_name, "object": "model", "created": self.created, "owned_by": "ponder",
+                "root": self.base_name, "parent": None}  # fmt: skip
+        adapters = [{**base, "id": name, "parent": self.base_name} for name in self.adapter_names]
+        return [base, *adapters]
+
+    def adapter_for(self, model: str) -> str | None:
+        """The adapter a request's `model` names (None: the base); 404 for an unknown name."""
+        if model == self.base_name:
+            return None
+        if model in self.adapter_names:
+            return model
+        served = ", ".join([self.base_name, *self.adapter_names])
+        raise APIError(404, f"the model {model!r} does not exist; this server has: {served}", "model_not_found",
+                       param="model")  # fmt: skip
+
+    def encode_chat(self, messages: list[dict[str, str]], prefill: str) -> list[int]:
+        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.encode(prompt + prefill, add_special_tokens=False)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def token_budget(self, prompt_ids: list[int], asked: int | None) -> int:
+        """max_tokens for a prompt: as asked, or whatever fits (at most --max-tokens-limit)."""
+        limit = self.config.max_tokens_limit
+        if asked is not None and asked > limit:
+            raise bad_request(f"max_tokens {asked} is more than this server's limit of {limit} "
+                              "(--max-tokens-limit)", param="max_tokens", code="max_tokens_too_large")  # fmt: skip
+        room = self.context_limit - len(prompt_ids)
+        if room < 1 or (asked is not None and asked > room):
+            raise bad_request(f"the prompt is {len(prompt_ids)} tokens and max_tokens {asked or 1}; the model "
+                              f"reads at most {self.context_limit}", param="messages",
+                              code="context_length_exceeded")  # fmt: skip
+        return asked if asked is not None else min(limit, room)
+
+    async def generate(self, job: Job) -> JobResult:
+        """Queue `job` and wait for its result without blocking the event loop."""
+        return await asyncio.wrap_future(self.batcher.submit(job))
