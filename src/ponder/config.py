@@ -150,6 +150,11 @@ class EnvConfig:
     options: keyword options for that environment (each documents its own).
     train_tasks / eval_tasks: task files (JSONL, Parquet or a saved `datasets`
         directory) replacing the environment's own tasks; empty = its own.
+    mcp_servers: MCP servers whose tools the environment gets in place of its own
+        tools of the same name (math's `calculator`, search-QA's `search`), each
+        `{name, command: [words]}` (stdio) or `{name, url}` (streamable HTTP), plus
+        optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd` (see
+        ponder.tools.mcp.client.McpServerSpec; docs/tools.md, "MCP").
     The rest configures search-QA:
     corpus: JSONL file of {"id", "contents"}; empty = the synthetic corpus.
     tasks: JSONL file of tasks ({"id", "question", "answers", ...}); empty =
@@ -165,6 +170,7 @@ class EnvConfig:
     options: dict[str, Any] = field(default_factory=dict)
     train_tasks: str = ""
     eval_tasks: str = ""
+    mcp_servers: list = field(default_factory=list)
     corpus: str = ""
     tasks: str = ""
     max_turns: int = 4

@@ -20,14 +20,29 @@ def build_env(recipe: Recipe, tokenizer: Any = None) -> EnvSpec:
     """The recipe's environment: its builder's factory and tasks, with env.train_tasks /
     env.eval_tasks (JSONL, Parquet or a datasets directory) replacing its own tasks."""
     builder = resolve_env(recipe.env.kind)
-    spec = builder(EnvContext(dict(recipe.env.options), tokenizer, recipe))
+    ctx = EnvContext(dict(recipe.env.options), tokenizer, recipe, served_tools(recipe))
+    spec = builder(ctx)
     if not isinstance(spec, EnvSpec):
         raise ValueError(f"env.kind '{recipe.env.kind}': the builder returned {type(spec).__name__}, not an EnvSpec")
+    unused = [name for name in ctx.tools if name not in ctx.used_tools]
+    if unused:
+        raise ValueError(f"env.mcp_servers: env '{recipe.env.kind}' does not use the served tool {unused[0]!r}; "
+                         "name the tools it uses under the server's `tools:`")  # fmt: skip
     if recipe.env.train_tasks:
         spec = replace(spec, train=load_tasks_from(recipe.env.train_tasks))
     if recipe.env.eval_tasks:
         spec = replace(spec, eval=load_tasks_from(recipe.env.eval_tasks))
     return spec
+
+
+def served_tools(recipe: Recipe) -> dict[str, Any]:
+    """The tools of the recipe's env.mcp_servers, by name (their servers are started or
+    reached once per process and stopped at exit); {} when it names none."""
+    if not recipe.env.mcp_servers:
+        return {}
+    from ponder.tools.mcp import mcp_tools, parse_server_specs
+
+    return {tool.name: tool for tool in mcp_tools(parse_server_specs(recipe.env.mcp_servers))}
 
 
 def build_reward(recipe: Recipe, spec: EnvSpec) -> CompositeReward:

@@ -69,11 +69,29 @@ def opening_of(value: Opening | list[dict[str, Any]]) -> Opening:
 @dataclass
 class EnvContext:
     """What a builder may use: options (the recipe's env.options), the policy's
-    tokenizer (to cut observations to a token budget), and the whole recipe."""
+    tokenizer (to cut observations to a token budget), the whole recipe, and tools
+    served from outside (the recipe's env.mcp_servers), by name.
+
+    A builder takes served tools with `served_tool(name)` (one it would otherwise
+    build itself) or `served_tools()` (all, for an environment that offers any tool);
+    the wiring refuses a recipe whose served tools the environment left unused."""
 
     options: dict[str, Any]
     tokenizer: Any = None
     recipe: Any = None
+    tools: dict[str, Any] = field(default_factory=dict)
+    used_tools: set[str] = field(default_factory=set)
+
+    def served_tool(self, name: str) -> Any:
+        """The served tool called `name` (a ponder Tool), or None when none is."""
+        if name in self.tools:
+            self.used_tools.add(name)
+        return self.tools.get(name)
+
+    def served_tools(self) -> list[Any]:
+        """Every served tool, in the servers' order."""
+        self.used_tools.update(self.tools)
+        return list(self.tools.values())
 
 
 @dataclass

@@ -60,11 +60,13 @@ class MathEnv:
 
     calculator_on: bool = True
     max_turns: int = 3
+    calculator_tool: Any = None  # a calculator served from elsewhere (MCP); None = the built-in
 
     def __post_init__(self) -> None:
         self.parser = math_parser(self.calculator_on)
         self.stop_strings = list(self.parser.stop_strings)
-        self.registry = ToolRegistry([calculator] if self.calculator_on else [])
+        tool = self.calculator_tool or calculator
+        self.registry = ToolRegistry([tool] if self.calculator_on else [])
         self.turn_index = 0
 
     def reset(self, task: Task) -> Opening:
@@ -116,6 +118,7 @@ def build_math(ctx: EnvContext) -> EnvSpec:
       calculator_from: the level from which the reference solver (the SFT teacher)
         hands its last step to the calculator (3; 1 = on every problem).
       max_turns: actions per episode (the recipe's env.max_turns).
+    A `calculator` from env.mcp_servers (taking `expression`) replaces the built-in one.
     Reward components: correct (1 / 0, exact), format (the answer as one number in
     `<answer>`, no protocol errors) and calc_cost (calculator calls); default
     weights 1.0, 0.1 and 0.0, changed with reward.terms."""
@@ -126,6 +129,10 @@ def build_math(ctx: EnvContext) -> EnvSpec:
         options["calculator"], options["calculator_from"],
     )  # fmt: skip
     calculator_on, max_turns = bool(options["calculator"]), options["max_turns"]
+    served = ctx.served_tool("calculator") if calculator_on else None
+    if served is not None and "expression" not in served.spec.parameters.get("properties", {}):
+        raise ValueError("env.mcp_servers: the served 'calculator' takes no `expression` argument, "
+                         "which <calculator>…</calculator> fills")  # fmt: skip
     rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls}
-    factory = lambda: MathEnv(calculator_on, max_turns)  # a fresh episode per call
+    factory = lambda: MathEnv(calculator_on, max_turns, served)  # a fresh episode per call
     return EnvSpec(factory, train, evaluation, rewards, dict(REWARD_WEIGHTS))

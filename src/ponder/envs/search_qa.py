@@ -100,6 +100,7 @@ class SearchQAEnvFactory:
     tokenizer: Any = None
     max_invalid_actions: int = 0
     search_cost: float = 0.0
+    search: Tool | None = None  # a search tool served from elsewhere (MCP); None = over `retriever`
 
     @classmethod
     def from_recipe(cls, recipe: Recipe, retriever: Retriever, tokenizer: Any) -> SearchQAEnvFactory:
@@ -109,7 +110,7 @@ class SearchQAEnvFactory:
                    env.max_invalid_actions, float(search_cost))  # fmt: skip
 
     def __call__(self) -> SearchQAEnv:
-        registry = ToolRegistry([search_tool(self.retriever, self.topk)])
+        registry = ToolRegistry([self.search or search_tool(self.retriever, self.topk)])
         truncate = token_truncator(self.tokenizer, self.max_obs_tokens) if self.tokenizer is not None else None
         return SearchQAEnv(registry, self.max_turns, truncate, max_invalid_actions=self.max_invalid_actions,
                            search_cost=self.search_cost)  # fmt: skip
@@ -118,7 +119,8 @@ class SearchQAEnvFactory:
 @register_env("search_qa")
 def build_search_qa(ctx: EnvContext) -> EnvSpec:
     """Search-R1-style QA over a corpus: the recipe's env (corpus, tasks, taskgen),
-    retriever and reward weights (em, f1, format, search_cost)."""
+    retriever and reward weights (em, f1, format, search_cost). A `search` tool from
+    env.mcp_servers (taking `query`) replaces the search over the retriever."""
     from ponder.envs.data import load_search_qa
     from ponder.rewards.composite import SEARCH_QA_COMPONENTS
     from ponder.tools.retrieval import build_retriever
@@ -128,5 +130,9 @@ def build_search_qa(ctx: EnvContext) -> EnvSpec:
     cfg = recipe.retriever
     retriever = build_retriever(cfg.kind, data.corpus, cfg.url, cfg.timeout_s, cfg.retries)
     factory = SearchQAEnvFactory.from_recipe(recipe, retriever, ctx.tokenizer)
+    factory.search = ctx.served_tool("search")
+    if factory.search is not None and "query" not in factory.search.spec.parameters.get("properties", {}):
+        raise ValueError("env.mcp_servers: the served 'search' takes no `query` argument, "
+                         "which <search>…</search> fills")  # fmt: skip
     weights = {name: getattr(recipe.reward, name) for name in SEARCH_QA_COMPONENTS}
     return EnvSpec(factory, data.train, data.eval, {}, weights)
