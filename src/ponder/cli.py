@@ -166,6 +166,29 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from ponder.eval.report_html import write_report
+
+    print(write_report(args.run_dir, args.out, args.compare, tokens=not args.text))
+    return 0
+
+
+def _add_report_command(commands: Any) -> None:
+    report = commands.add_parser(
+        "report", help="one self-contained HTML page of a run: tables, learning curves, episode browser",
+        description="Write one HTML file (no network needed to open it) for a run directory of `ponder demo`, "
+        "`train`, `eval` or `pipeline`: the evaluation table per stage, learning curves from its "
+        "metrics.jsonl files, and an episode browser that shows each turn's trained and masked tokens, "
+        "per-turn rewards and the reward breakdown. --compare puts a second run beside it.",
+    )  # fmt: skip
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a ponder run directory")
+    report.add_argument("--compare", metavar="OTHER_RUN_DIR", help="a second run: side-by-side tables, overlaid curves")
+    report.add_argument("--out", metavar="FILE.html", help="where to write it (default: RUN_DIR/report.html)")
+    report.add_argument("--text", action="store_true",
+                        help="show each turn's stored text instead of decoding its tokens with the run's tokenizer")
+    report.set_defaults(handler=cmd_report)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -343,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_commands(commands)
     _add_pipeline_command(commands)
     _add_export_command(commands)
+    _add_report_command(commands)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
     gen.add_argument("--out", required=True, help="output directory")
