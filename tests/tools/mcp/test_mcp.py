@@ -161,3 +161,13 @@ def test_a_good_spec_parses():
                                    "timeout_s": 2, "env": {"A": 1}}])  # fmt: skip
     assert spec == McpServerSpec("calc", ("python", "-m", "ponder.cli", "mcp-serve"), tools=("calculator",),
                                  timeout_s=2.0, env=(("A", "1"),))  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tools", "calculator,teleport"], "ponder mcp-serve: error: unknown tool teleport (built-in tools: "),
+    (["--tools", "search"], "ponder mcp-serve: error: tool search needs --corpus FILE.jsonl"),
+])  # fmt: skip
+def test_mcp_serve_refuses_bad_tools_in_one_line(args, message):
+    done = subprocess.run([sys.executable, "-m", "ponder.cli", "mcp-serve", *args], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith(message) and done.stderr.count("\n") == 1
