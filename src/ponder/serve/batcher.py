@@ -70,13 +70,15 @@ class JobResult:
 
 class Batcher:
     """The worker thread and its queue (see module docstring). `start()`, `submit(job)`,
-    `stop()`; `batches` counts batches run and `batch_sizes` their sizes, for tests and logs."""
+    `stop()`; `batch_sizes` lists the size of every batch run and `cancelled` counts jobs
+    dropped or ended early because their client left, for tests and logs."""
 
     def __init__(self, backend: AdapterBackend, window_s: float = 0.005, max_batch: int = 32) -> None:
         self.backend = backend
         self.window_s = window_s
         self.max_batch = max_batch
         self.batch_sizes: list[int] = []
+        self.cancelled = 0
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting: deque[Job] = deque()
         self._running: dict[str, Job] = {}
@@ -127,6 +129,7 @@ class Batcher:
         for job in batch:
             if job.cancelled:
                 job.future.cancel()
+                self.cancelled += 1
         return [job for job in batch if job.future.set_running_or_notify_cancel()]
 
     def _generate(self, batch: list[Job]) -> None:
@@ -170,4 +173,5 @@ class Batcher:
             reason = "stop"
         else:
             reason = "abort" if generation.finish_reason == "abort" else "length"
+            self.cancelled += reason == "abort"
         return JobResult(generation.token_ids, generation.text, reason, job.stopped)
