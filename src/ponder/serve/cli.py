@@ -56,8 +56,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
         batch_window_ms=args.batch_window_ms, retries=args.retries, device=args.device, seed=args.seed,
     )  # fmt: skip
-    names = ", ".join([config.model, *config.adapters])
-    keyed = "; API key required" if config.api_key else ""
-    print(f"serving {names} on http://{config.host}:{config.port}/v1{keyed}", file=sys.stderr, flush=True)
-    serve(config, log_level=args.log_level)
+    serve(config, log_level=args.log_level, say=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

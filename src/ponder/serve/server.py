@@ -3,6 +3,8 @@ and `serve` (until interrupted)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import uvicorn
 
 from ponder.serve.app import create_app
@@ -18,9 +20,13 @@ def build_server(model_server: ModelServer, log_level: str = "info") -> uvicorn.
     return uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level))
 
 
-def serve(config: ServeConfig, log_level: str = "info") -> None:
-    """Load the model and serve it until interrupted (loopback unless config.host says otherwise)."""
+def serve(config: ServeConfig, log_level: str = "info", say: Callable[[str], None] = print) -> None:
+    """Load the model and serve it until interrupted (loopback unless config.host says
+    otherwise); `say` gets one line naming the models and the URL once they are loaded."""
     model_server = ModelServer.load(config)
+    names = ", ".join([config.model, *config.adapters])
+    keyed = "; API key required" if config.api_key else ""
+    say(f"serving {names} on http://{config.host}:{config.port}/v1{keyed}")
     try:
         build_server(model_server, log_level).run()
     finally:
