@@ -40,6 +40,8 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder train --recipe recipes/search_qa_ppo.yaml --out runs/ppo algo.epochs=4": TINY,
     "ponder train --resume runs/grpo train.steps=30": ["train.steps=3"],
     "ponder plot runs/grpo": [],
+    "ponder report runs/demo --compare runs/rloo": [],
+    "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo-wb 'tracking.trackers=[tensorboard, wandb]'": TINY,
     "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --episodes 32 --out runs/eval": SMALL_WORLD,
     "ponder chat --model runs/grpo --tools calculator": [],
     "ponder export runs/grpo --out runs/grpo-hf --merge": [],
