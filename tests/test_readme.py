@@ -45,6 +45,8 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --episodes 32 --out runs/eval": SMALL_WORLD,
     "ponder chat --model runs/grpo --tools calculator": [],
     "ponder export runs/grpo --out runs/grpo-hf --merge": [],
+    "ponder serve --adapter grpo=runs/grpo --port 8000": (
+        SKIP, "serves until stopped: tests/serve/test_cli.py runs it (with an adapter) on a free port"),
     "ponder gen-tasks --out data/": SMALL_WORLD,
     "ponder serve-retriever --corpus data/corpus.jsonl --port 8000": (
         SKIP, "serves until stopped: tests/retrieval/test_server.py runs it on a free port"),

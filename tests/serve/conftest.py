@@ -76,20 +76,20 @@ def random_lora(seed: int):
     return policy
 
 
-def train_weather_adapter(steps: int = 150):
-    """A LoRA on the tiny model that has learnt the weather transcripts by heart."""
-    policy = apply_lora(tiny_policy(), LoraConfig(r=16, alpha=32))
+def train_weather_adapter(steps: int = 150, base=None, lr: float = 1e-2, model: str = "weather"):
+    """A LoRA on `base` (default the tiny model) that has learnt the weather transcripts by heart."""
+    policy = apply_lora(base if base is not None else tiny_policy(), LoraConfig(r=16, alpha=32))
     tokenizer = policy.tokenizer
     examples = []
     for body, reply in weather_transcripts():
-        plan = plan_chat(ChatRequest.model_validate(body))
+        plan = plan_chat(ChatRequest.model_validate({**body, "model": model}))
         prompt = tokenizer.apply_chat_template(plan.messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = tokenizer.encode(prompt + plan.prefill, add_special_tokens=False)
         rest = reply.removeprefix(plan.prefill)  # a forced call's opening is in the prompt
         reply_ids = tokenizer.encode(rest, add_special_tokens=False) + [tokenizer.eos_token_id]
         examples.append((torch.tensor([prompt_ids + reply_ids]), len(prompt_ids)))
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(trainable, lr=1e-2)
+    optimizer = torch.optim.Adam(trainable, lr=lr)
     torch.manual_seed(0)
     policy.model.train()
     for _ in range(steps):
