@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
-from ponder.config import Recipe, to_dict
+from ponder.config import Recipe, load_recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe
 from ponder.fileio import atomic_path, write_json_atomic, write_text_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
@@ -102,9 +102,10 @@ class _SFTRun:
     stages: dict[str, Any]
 
 
-# Sections an RL variant may change when it reuses another run's warm-up, and single
-# RL-only keys of other sections (evaluation always samples one episode per task).
-RL_SECTIONS = ("algo", "optim", "train")
+# Sections an RL variant may change when it reuses another run's warm-up (tracking
+# only says where metrics go), and single RL-only keys of other sections (evaluation
+# always samples one episode per task).
+RL_SECTIONS = ("algo", "optim", "train", "tracking")
 RL_KEYS = {"rollout": ("group_size",)}
 
 
@@ -125,7 +126,8 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     for path in (weights / MANIFEST, results, run_dir / "recipe.yaml"):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished demo run with an SFT stage")
-    theirs = _warm_up_settings(yaml.safe_load((run_dir / "recipe.yaml").read_text()))
+    # through load_recipe: keys added to ponder since that run was saved take their defaults
+    theirs = _warm_up_settings(to_dict(load_recipe(run_dir / "recipe.yaml")))
     ours = _warm_up_settings(to_dict(recipe))
     for section in ours:
         if ours[section] != theirs.get(section):
