@@ -134,3 +134,12 @@ def test_tables_show_any_environment_s_own_reward_components():
     lines = _render(metrics_table(results["stages"]["rl"]))
     _assert_fits(lines)
     assert any(line.startswith(" all   │  0.600 │    0.50 │   1.00 │") for line in lines)
+
+
+def test_environments_without_search_get_the_reward_table_alone(pairs):
+    quiet = [StagePair([Trajectory(t.task_id, [], reward=t.reward) for t in p.before],
+                       [Trajectory(t.task_id, [], reward=t.reward) for t in p.after], p.kinds, p.needed)
+             for p in pairs]  # fmt: skip
+    assert len(gain_table(quiet, "sft", "rl").renderables) == 1
+    assert len(runs_table(quiet, ["a", "b"], "sft", "rl").renderables) == 1
+    assert len(gain_table(pairs, "sft", "rl").renderables) == 2  # searched: both tables

@@ -155,7 +155,8 @@ def gain_table(pairs: list[StagePair], before: str, after: str) -> Group:
     """Two tables, stacked so that each fits in 80 columns: the reward gain (all
     tasks, then per kind), then per kind and stage the searches per episode, the
     share of episodes that searched at least once / twice, and the needed and
-    extra searches per episode (search_split)."""
+    extra searches per episode (search_split); the second only where an episode searched
+    (an environment without a search tool has nothing to show there)."""
     kinds = sorted({k for pair in pairs for k in pair.kinds})
     reward = _reward_table(f"{after} vs {before}: {len(pairs)} run(s), paired by task", "tasks", before, after)
     reward.add_column("gain/se", justify="right")
@@ -163,6 +164,8 @@ def gain_table(pairs: list[StagePair], before: str, after: str) -> Group:
     for kind in [None, *kinds]:
         g = stage_gain(pairs, kind)
         reward.add_row(kind or "all", *_gain_cells(g), _number(g.z))
+    if not _searched(pairs):
+        return Group(reward)
     searches = Table(title=f"searches per episode, {before} and {after}", caption=SEARCH_CAPTION)
     for header in ("tasks", "stage", "searches", "≥ 1", "≥ 2", "needed", "extra"):
         searches.add_column(header, justify="left" if header in ("tasks", "stage") else "right")
@@ -187,9 +190,16 @@ def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str
         searches.add_column(header, justify="left" if header == "run" else "right")
     for name, pair in zip(names, pairs):
         reward.add_row(name, *_gain_cells(stage_gain([pair])))
+    if not _searched(pairs):
+        return Group(reward)
+    for name, pair in zip(names, pairs):
         before_s, after_s = searches_by_kind([pair], "before"), searches_by_kind([pair], "after")
         searches.add_row(name, *[f"{before_s[k]:.2f} → {after_s[k]:.2f}" if k in after_s else "" for k in kinds])
     return Group(reward, searches)
+
+
+def _searched(pairs: list[StagePair]) -> bool:
+    return any(t.metrics.get("searches", 0.0) for p in pairs for t in (*p.before, *p.after))
 
 
 def _reward_table(title: str, first: str, before: str, after: str) -> Table:
