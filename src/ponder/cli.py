@@ -10,6 +10,7 @@ PONDER_DEBUG=1 to see the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -125,6 +126,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ponder.train.sft import warm_up
     from ponder.wiring import check_parts
 
+    if args.ray and "=" in args.ray:  # `--ray key=value …`: an override, not an address
+        args.overrides, args.ray = [args.ray, *args.overrides], "local"
     overrides = args.overrides + ([f"model.name={args.model}"] if args.model else [])
     if args.resume:
         run_dir = require_run_dir(args.resume, ("checkpoints/latest", "checkpoints", f"sft/{MANIFEST}"),
@@ -137,6 +140,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, overrides)
     check_recipe(recipe)
     check_parts(recipe)  # bad envs, task files and rewards fail before anything is written
+    if args.ray:  # so do a missing Ray and a cluster address that does not answer
+        from ponder.train.distributed import check_address
+
+        check_address(args.ray)
     policy = prepare_policy(recipe)  # so do bad model names and paths
     if not args.resume:
         run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
@@ -150,9 +157,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             load_adapter_weights(policy.model, run_dir / "sft")
         trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
     start = trainer.resume() if args.resume else 0
-    print(f"ponder train: {recipe.algo.advantage}/{recipe.algo.loss} from step {start} to {recipe.train.steps} in {run_dir}")
-    with training_progress(recipe.train.steps, start) as on_step:
-        trainer.train(on_step)
+    with contextlib.ExitStack() as stack:
+        if args.ray:
+            from ponder.train.distributed import RayRollouts
+
+            address = None if args.ray == "local" else args.ray
+            trainer.use_rollouts(stack.enter_context(RayRollouts(recipe, trainer.policy, address)))
+            print(f"ponder train: rollouts on {recipe.train.ray_workers} Ray workers ({address or 'local cluster'})")
+        print(f"ponder train: {recipe.algo.advantage}/{recipe.algo.loss} from step {start} to {recipe.train.steps} in {run_dir}")
+        with training_progress(recipe.train.steps, start) as on_step:
+            trainer.train(on_step)
     stopped = " (stopped early; resume with --resume)" if trainer.step < recipe.train.steps else ""
     print(f"ponder train: step {trainer.step}{stopped}; metrics in {run_dir / 'metrics.jsonl'}")
     return 0
@@ -297,6 +311,9 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     train.add_argument("--allow-recipe-change", action="store_true",
                        help="with --resume: accept overrides beyond train.steps/save_every/eval_every")  # fmt: skip
+    train.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                       help="roll out on train.ray_workers Ray actors (needs ponder[ray]); the learner stays "
+                       "here. No ADDRESS: a local cluster; else a cluster's HOST:PORT or 'auto'")  # fmt: skip
     train.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     train.set_defaults(handler=cmd_train)
 

@@ -345,6 +345,8 @@ class TrainConfig:
     stop_grace_s: after SIGINT/SIGTERM the run stops at the end of the current step
         (with a checkpoint); if the step has not finished this many seconds later, it
         stops at once (the last checkpoint resumes). 0 = wait for the step.
+    ray_workers: rollout workers (Ray actors, one CPU each) when `ponder train --ray`
+        runs the rollouts; each holds its own policy copy (ponder.train.distributed).
     """
 
     steps: int = 20
@@ -361,6 +363,7 @@ class TrainConfig:
     save_every: int = 5
     out: str = "runs/train"
     stop_grace_s: float = 10.0
+    ray_workers: int = 2
 
 
 @dataclass

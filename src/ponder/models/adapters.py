@@ -207,3 +207,26 @@ def _copy_adapter(directory: Path, target: Path, base_model: str) -> None:
     config["base_model_name_or_path"] = str(embedded_model_dir()) if base_model == EMBEDDED_NAME else base_model
     (target / ADAPTER_FILES[0]).write_text(json.dumps(config, indent=2) + "\n")
     shutil.copyfile(directory / ADAPTER_FILES[1], target / ADAPTER_FILES[1])
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """The weights training changes, as CPU tensors (PEFT's names for LoRA, every
+    trainable parameter of a full fine-tune): what a sampler elsewhere (a Ray rollout
+    worker) needs to catch up with the learner after an update."""
+    if is_lora(model):
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(model, save_embedding_layers=False)
+    else:
+        state = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+
+
+def load_trainable_state(model: Any, state: dict[str, torch.Tensor]) -> None:
+    """Load `trainable_state`'s tensors into a model of the same recipe."""
+    if not is_lora(model):
+        model.load_state_dict(state, strict=False)
+        return
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, state)

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -72,6 +72,38 @@ def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
     return policy
 
 
+class Rollouts(Protocol):
+    """Where a step's episodes come from: `LocalRollouts` (this process's RolloutEngine,
+    the default) or `ponder.train.distributed.RayRollouts` (rollout workers on Ray)."""
+
+    def begin_step(self, step: int) -> None:
+        """A step starts: the policy's weights may have changed since the last one."""
+
+    def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
+        """Every task rollout.group_size times; trajectories in task order."""
+        ...
+
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics of the last run (logged with the step's)."""
+        ...
+
+
+class LocalRollouts:
+    """Rollouts in this process: the engine samples from the trainer's own policy."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self.engine = engine
+
+    def begin_step(self, step: int) -> None:
+        pass  # the backend samples from the policy itself (refreshed after each update)
+
+    def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
+        return self.engine.run(tasks)
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+
 class RLTrainer:
     """Holds everything one run needs; `train()` is the loop.
 
@@ -81,6 +113,8 @@ class RLTrainer:
     recipe's settings. `from_recipe` builds them all from a recipe (ponder.wiring).
     val_tasks: a validation split (never trained on) that chooses the kept weights
     every train.eval_every steps (ponder.train.validation).
+    `rollouts` (default: this process's engine) is where episodes come from;
+    `use_rollouts` replaces it (e.g. with Ray workers).
     """
 
     def __init__(
@@ -95,6 +129,7 @@ class RLTrainer:
         self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
         self.best = BestSoFar(cfg.patience)
         self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
+        self.rollouts: Rollouts = LocalRollouts(self.engine)
         hidden = self.policy.model.config.hidden_size
         self.value_head = ValueHead(hidden).to(self.policy.device) if recipe.algo.advantage == "gae" else None
         self.optimizer, self.scheduler = build_optimizer(self._trainable(), recipe.optim, self._total_updates())
@@ -125,6 +160,10 @@ class RLTrainer:
         backend = build_backend(policy, recipe)
         tasks, val_tasks = split_validation(train_tasks(recipe, spec), recipe.train.val_tasks, recipe.train.seed)
         return cls(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)
+
+    def use_rollouts(self, rollouts: Rollouts) -> None:
+        """Sample episodes from `rollouts` (e.g. RayRollouts) instead of this process."""
+        self.rollouts = rollouts
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> Path:
         """Run until train.steps; returns the run directory. SIGINT/SIGTERM stop cleanly
@@ -181,6 +220,7 @@ class RLTrainer:
         """One RL step: rollout → reward → advantage → update. Returns its metrics."""
         algo, sampling = self.recipe.algo, self.recipe.rollout.sampling
         self.policy.model.eval()
+        self.rollouts.begin_step(self.step)
         tasks, trajectories, stats, sampled = self._sample_groups()
         # The update below changes the weights: drop the sampling copy now rather than
         # after it, so the update's activations do not sit on top of it (peak RSS).
@@ -219,6 +259,7 @@ class RLTrainer:
         metrics = episode_metrics(trajectories, {t.id: t.kind for t in tasks})
         metrics.update(update)
         metrics.update(sampled)
+        metrics.update(self.rollouts.step_metrics())
         metrics.update(
             {
                 "time/generation_s": stats.generation_s,
@@ -338,7 +379,7 @@ class RLTrainer:
         stats = RolloutStats()
         for rollout in range(algo.max_refills + 1):
             fresh = self.sampler.next_batch(want)
-            trajectories, part = self.engine.run(fresh)
+            trajectories, part = self.rollouts.run(fresh)
             score_trajectories(trajectories, {t.id: t for t in fresh}, self.reward)
             _check_rewards(trajectories, self.step + 1)
             for trajectory in trajectories:  # a task drawn again in a refill is a group of its own
