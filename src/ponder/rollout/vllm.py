@@ -148,7 +148,13 @@ class VLLMBackend:
         directory = self._adapters / f"v{self._version}"
         self.policy.model.save_pretrained(directory, save_embedding_layers=False)
         name = f"ponder-{self._session}-v{self._version}"
-        self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(directory)})
+        try:
+            self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(directory)})
+        except BackendError:
+            # a retried load whose first attempt went through after its timeout is refused
+            # as a duplicate: the adapter is there all the same
+            if name not in self.server.model_names():
+                raise
         previous, self.model_name = self.model_name, name
         if previous != self.base_name:
             self.server.post("/v1/unload_lora_adapter", {"lora_name": previous})

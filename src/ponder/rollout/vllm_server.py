@@ -125,6 +125,11 @@ class VLLMServer:
             raise BackendError(f"vLLM server {self.url} lists no base model at /v1/models")
         return str(names[0])
 
+    def model_names(self) -> list[str]:
+        """Every model the server serves: the base and the adapters loaded into it."""
+        models = self.get("/v1/models")
+        return [str(m.get("id")) for m in (models.get("data") or []) if isinstance(m, dict)]
+
     def get(self, path: str) -> Any:
         import httpx
 
@@ -153,7 +158,7 @@ class VLLMServer:
             if attempt:
                 time.sleep(0.5 * 2 ** (attempt - 1))
             if self.process is not None and self.process.poll() is not None:
-                raise self._fail(f"exited with code {self.process.returncode} ({_last_line(self.log_path)})", attempt)
+                raise self._fail(f"exited with code {self.process.returncode} ({_last_line(self.log_path)})", 0)
             try:
                 response = self._client.post(f"{self.url}{path}", json=payload)
             except httpx.TimeoutException:
@@ -167,14 +172,18 @@ class VLLMServer:
                 continue
             if response.status_code >= 400:
                 raise self._fail(f"rejected {path} with HTTP {response.status_code} ({_one_line(response.text)})", attempt + 1)
-            # /v1/load_lora_adapter answers plain text, the OpenAI routes JSON
-            return response.json() if response.headers.get("content-type", "").startswith("application/json") else response.text
+            try:
+                return response.json()
+            except ValueError:  # /v1/load_lora_adapter answers plain text, the OpenAI routes JSON
+                return response.text
         raise self._fail(reason, self.retries + 1)
 
     def _fail(self, reason: str, attempts: int) -> BackendError:
+        """attempts 0: the server is gone, no request was tried."""
         plural = "attempt" if attempts == 1 else "attempts"
+        tried = f" after {attempts} {plural}" if attempts else ""
         where = f" (log: {self.log_path})" if self.log_path else ""
-        return BackendError(f"vLLM server {self.url} {reason} after {attempts} {plural}{where}")
+        return BackendError(f"vLLM server {self.url} {reason}{tried}{where}")
 
     def close(self) -> None:
         """Stop a server started here (its whole process group); leave a reached one alone."""
