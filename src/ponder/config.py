@@ -306,6 +306,10 @@ class AlgoConfig:
         `none`, or `informative` (DAPO's dynamic sampling: groups whose rewards are
         all equal carry no signal; they are dropped and fresh tasks sampled in their
         place, up to max_refills more rollouts per step).
+    tis_cap: with a sampler whose kernels are not the trainer's (rollout.backend
+        vllm), the trainer recomputes the old log-probs and weights each token's loss
+        by min(exp(old − sampler), tis_cap) (truncated importance sampling); null = no
+        weight. The hf backend's log-probs are the trainer's: nothing is recomputed.
     (ponder.algos.AdvantageConfig and LossConfig document each in full.)
     """
 
@@ -337,6 +341,7 @@ class AlgoConfig:
     whiten_gae: bool = False
     group_filter: str = "none"
     max_refills: int = 2
+    tis_cap: float | None = 2.0
 
 
 @dataclass

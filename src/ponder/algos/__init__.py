@@ -32,6 +32,8 @@ from ponder.algos.losses import (
     aggregation_denominator,
     entropy_bonus,
     policy_loss,
+    sampler_mismatch,
+    tis_weights,
     value_loss,
 )
 from ponder.algos.registry import Registry
@@ -66,5 +68,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "policy_loss",
+    "sampler_mismatch",
+    "tis_weights",
     "value_loss",
 ]

@@ -161,6 +161,35 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _zero_off(-entropy, mask)
 
 
+def tis_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights of the trainer's policy over the sampler's, [B, T].
+
+    old_logprobs: the trainer's log-probs of the sampled tokens before the update;
+    sampler_logprobs: the generation backend's for the same tokens (another engine's
+    kernels, e.g. vLLM's); loss_mask: 1 on policy tokens. w = min(exp(old − sampler),
+    cap), log-ratio clamped to ±20, 0 where loss_mask is 0, no gradient. The per-token
+    policy loss times w corrects for tokens drawn from a slightly different
+    distribution than the trainer's (TIS, as in verl and SkyRL); the cap bounds its variance.
+    """
+    if cap <= 0:
+        raise ValueError(f"algo.tis_cap must be > 0, got {cap}")
+    with torch.no_grad():
+        log_ratio = (old_logprobs - sampler_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return _zero_off(log_ratio.exp().clamp(max=cap), loss_mask)
+
+
+def sampler_mismatch(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's, over policy tokens
+    ([B, T] each): logprob_mismatch = mean |old − sampler|, sampler_kl = k3 estimate
+    of KL(sampler ‖ trainer) from the sampler's own tokens."""
+    with torch.no_grad():
+        gap = (old_logprobs - sampler_logprobs).abs()
+        kl = kl_estimate(sampler_logprobs, old_logprobs, "k3")
+        return {"logprob_mismatch": float(masked_mean(gap, loss_mask)), "sampler_kl": float(masked_mean(kl, loss_mask))}
+
+
 def policy_loss(
     name: str,
     logprobs: torch.Tensor,

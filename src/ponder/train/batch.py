@@ -22,6 +22,8 @@ class TokenBatch:
     input_ids, attention_mask: [B, L]. loss_mask, old_logprobs, turn_ids: [B, L-1].
     rewards: [B] (NaN = unscorable). turn_rewards, turn_mask: [B, K] per-turn rewards.
     ref_logprobs, old_values, advantages, returns: [B, L-1], filled by the trainer.
+    sampler_logprobs: [B, L-1], the generation backend's log-probs when the trainer
+    recomputed old_logprobs itself (a sampler with other kernels: vLLM), else None.
     """
 
     input_ids: torch.Tensor
@@ -37,6 +39,7 @@ class TokenBatch:
     old_values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

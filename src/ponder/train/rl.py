@@ -51,7 +51,7 @@ from ponder.train.sampler import TaskSampler
 from ponder.train.tracking import check_trackers
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.optim import NonFiniteError
-from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise
+from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise, recompute_old_logprobs
 from ponder.train.validation import BEST_DIR, BestSoFar, split_validation, validate
 from ponder.types import Task, Trajectory
 
@@ -228,6 +228,8 @@ class RLTrainer:
         batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
         tick = time.perf_counter()
         micro = algo.logprob_micro_batch_size or algo.micro_batch_size
+        if not getattr(self.backend, "logprobs_match_trainer", True):  # vLLM: its kernels are not the trainer's
+            sampled.update(recompute_old_logprobs(self.policy, batch, micro, sampling.temperature))
         if algo.kl_coef > 0:
             batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature, reference=True)
         if self.value_head is not None:

@@ -22,6 +22,8 @@ from ponder.algos import (
     entropy_bonus,
     kl_estimate,
     policy_loss,
+    sampler_mismatch,
+    tis_weights,
     value_loss,
 )
 from ponder.algos.utils import masked_mean
@@ -61,7 +63,8 @@ def forward_pass_no_grad(
     value_head: ValueHead | None = None,
     reference: bool = False,
 ) -> torch.Tensor:
-    """Reference logprobs (adapters disabled) or value estimates, [B, L-1], in micro-batches."""
+    """Reference logprobs (adapters disabled), value estimates (with value_head), or
+    else the current policy's logprobs, [B, L-1], in micro-batches."""
     out = torch.zeros_like(batch.old_logprobs)
     for start in range(0, len(batch), micro_batch_size):
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
@@ -70,9 +73,19 @@ def forward_pass_no_grad(
             logprobs, _, values = forward_policy(
                 policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
             )
-        result = logprobs if reference else values
+        result = values if value_head is not None and not reference else logprobs
         out[rows, : result.shape[1]] = result
     return out
+
+
+def recompute_old_logprobs(policy: Policy, batch: TokenBatch, micro_batch_size: int, temperature: float) -> dict[str, float]:
+    """For a sampler whose kernels are not the trainer's (vLLM): its log-probs move to
+    batch.sampler_logprobs, old_logprobs become the trainer's own (the PPO ratio's
+    denominator; the TIS weight corrects for the gap); returns the gap as metrics."""
+    batch.sampler_logprobs = batch.old_logprobs
+    batch.old_logprobs = forward_pass_no_grad(policy, batch, micro_batch_size, temperature)
+    mismatch = sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
+    return {f"rollout/{name}": value for name, value in mismatch.items()}
 
 
 def optimise(inputs: UpdateInputs, batch: TokenBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
@@ -129,6 +142,10 @@ def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float
         with_entropy=True, entropy_grad=algo.entropy_coef > 0,
     )  # fmt: skip
     per_token, metrics = policy_loss(algo.loss, logprobs, part.old_logprobs, part.advantages, mask, loss_cfg)
+    if part.sampler_logprobs is not None and algo.tis_cap is not None:
+        weights = tis_weights(part.old_logprobs, part.sampler_logprobs, mask, algo.tis_cap)
+        per_token = per_token * weights
+        metrics["tis_weight"] = float(masked_mean(weights, mask))
     loss = aggregate(algo.aggregation, per_token, mask, loss_cfg, denominator)
     stats = {f"policy/{k}": float(v) for k, v in metrics.items()}
     stats["loss/policy"] = float(masked_mean(per_token.detach(), mask))
