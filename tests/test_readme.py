@@ -61,7 +61,8 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     'ponder tools search "convert 100 USD to EUR"': (SKIP, "needs `tools index`"),
     "ponder bench-agent --model smollm2-135m --retrieval-topk 0 5": (
         SKIP, "BFCL's checker in .venv-bfcl, minutes: tests/eval/test_bench_agent_samples.py"),
-    "ponder demo --recipe recipes/math.yaml --out runs/math": [*TINY, "env.options.n_train=16"],
+    "ponder demo --recipe recipes/math.yaml --out runs/math": [*TINY, "env.options.n_train=16", "train.val_tasks=2",
+                                                               "train.eval_every=1"],
     "ponder demo --recipe recipes/code.yaml --out runs/code": [*TINY, "env.options.n_train=16"],
     "ponder demo --recipe recipes/function_calling.yaml --out runs/fc": TINY,
     "ponder demo --recipe examples/guess_number/recipe.yaml --out runs/guess": TINY,
