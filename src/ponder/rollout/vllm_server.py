@@ -10,10 +10,12 @@ few retries with backoff, and a server that dies mid-step ends the run with one 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -97,7 +99,7 @@ class VLLMServer:
         with open(log_path, "wb") as log:
             # A session of its own: vLLM forks an engine process, and killing the group ends both.
             process = subprocess.Popen(_command(spec, python, port), stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, start_new_session=True)  # fmt: skip
+                                       env=env, start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
         server = cls(f"http://127.0.0.1:{port}", timeout_s, retries, check_s=0)
         server.process, server.log_path = process, log_path
         atexit.register(server.close)
@@ -209,6 +211,17 @@ def _command(spec: ServerSpec, python: str, port: int) -> list[str]:
     if spec.max_lora_rank:
         command += ["--enable-lora", "--max-lora-rank", str(spec.max_lora_rank), "--max-loras", "2"]
     return command + list(spec.extra_args)
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM it when ponder dies, even by a
+    signal that skips atexit (Linux's PR_SET_PDEATHSIG; vLLM's engine process follows
+    its API server down). Elsewhere a no-op: close() and atexit stop it."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
