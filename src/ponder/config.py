@@ -306,6 +306,10 @@ class AlgoConfig:
         `none`, or `informative` (DAPO's dynamic sampling: groups whose rewards are
         all equal carry no signal; they are dropped and fresh tasks sampled in their
         place, up to max_refills more rollouts per step).
+    max_staleness: with train.async_rollouts, the most updates the weights that
+        sampled a step's episodes may lag the weights they train (the ratio is taken
+        against the sampler's logprobs, the behaviour policy's). The pipeline keeps
+        one step in flight, so the lag is 1: it needs max_staleness >= 1.
     tis_cap: with a sampler whose kernels are not the trainer's (rollout.backend
         vllm), the trainer recomputes the old log-probs and weights each token's loss
         by min(exp(old − sampler), tis_cap) (truncated importance sampling); null = no
@@ -342,6 +346,7 @@ class AlgoConfig:
     group_filter: str = "none"
     max_refills: int = 2
     tis_cap: float | None = 2.0
+    max_staleness: int = 1
 
 
 @dataclass
@@ -368,6 +373,9 @@ class TrainConfig:
         stops at once (the last checkpoint resumes). 0 = wait for the step.
     ray_workers: rollout workers (Ray actors, one CPU each) when `ponder train --ray`
         runs the rollouts; each holds its own policy copy (ponder.train.distributed).
+    async_rollouts: sample step k+1's episodes while step k updates (from the weights
+        before that update: one step off-policy, bounded by algo.max_staleness).
+        false = exactly on-policy. A resumed async run samples its first step on-policy.
     """
 
     steps: int = 20
@@ -385,6 +393,7 @@ class TrainConfig:
     out: str = "runs/train"
     stop_grace_s: float = 10.0
     ray_workers: int = 2
+    async_rollouts: bool = False
 
 
 @dataclass
@@ -776,7 +785,7 @@ RANGES: dict[str, tuple[str, Any]] = {
         "rollout.batch_size", "rollout.group_size", "rollout.sampling.max_new_tokens_per_turn",
         "rollout.sampling.max_total_tokens", "env.max_turns", "env.max_obs_tokens", "retriever.topk",
         "train.tasks_per_step", "train.save_every", "sft.batch_size", "eval.episodes", "algo.epochs",
-        "algo.micro_batch_size", "lora.r",
+        "algo.micro_batch_size", "lora.r", "train.ray_workers",
     )},  # fmt: skip
     **{key: _at_least(0) for key in (
         "rollout.sampling.temperature", "eval.temperature", "eval.batch_size", "env.max_invalid_actions",
@@ -784,7 +793,7 @@ RANGES: dict[str, tuple[str, Any]] = {
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
         "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills", "tracking.samples_every",
-        "tracking.samples", "train.val_tasks", "train.patience",
+        "tracking.samples", "train.val_tasks", "train.patience", "algo.max_staleness",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

@@ -40,6 +40,16 @@ from ponder.types import Task, Trajectory
 MAX_REQUEUES_PER_CALL = 3
 # How long a named cluster address gets to answer before `--ray ADDRESS` gives up.
 CONNECT_TIMEOUT_S = 5.0
+# A local cluster shares the machine with the learner: Ray's defaults declared it dead
+# (raylet "GCS unavailable for more than 60 seconds", missed heartbeats) mid-run on a
+# 2-core machine saturated by other jobs. One node has no one to fail over to, so
+# waiting longer only avoids false alarms.
+LOCAL_SYSTEM_CONFIG = {
+    "health_check_period_ms": 10_000,
+    "health_check_timeout_ms": 60_000,
+    "health_check_failure_threshold": 30,
+    "gcs_rpc_server_reconnect_timeout_s": 900,
+}
 
 
 class RayError(ValueError):
@@ -105,20 +115,32 @@ class RayRollouts:
 
     def begin_step(self, step: int) -> None:
         """Send the learner's current weights; the step's rollouts sample with them."""
+        tick = time.perf_counter()
         self.step, self.call, self.version = step, 0, self.version + 1
         self._weights = self.ray.put(trainable_state(self.policy.model))
+        # per step, summed over its rollout calls (refills); overhead_s: time in Ray calls
+        # beyond the slowest worker's own rollout (scheduling, transfers, loading weights)
+        self.metrics = {"ray/workers": float(len(self.workers)), "ray/requeued": 0.0, "ray/worker_rollout_s": 0.0,
+                        "ray/overhead_s": 0.0, "ray/weights_sync_s": time.perf_counter() - tick}  # fmt: skip
 
     def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
         """Every task group_size times across the workers; trajectories in task order."""
+        return self.result(self.submit(tasks))
+
+    def submit(self, tasks: list[Task]) -> tuple[list[list[Task]], int, float]:
+        """Send the shares of `tasks` to the workers; `result` collects them."""
         if self._weights is None:
             self.begin_step(self.step)
-        start = time.perf_counter()
-        shares = split_tasks(tasks, len(self.workers))
+        shares, call = split_tasks(tasks, len(self.workers)), self.call
+        self.call += 1
         for index, share in enumerate(shares):
             if share:
-                self._submit(index, index, share)
-        results, requeued = self._collect(shares)
-        self.call += 1
+                self._submit(index, index, share, call)
+        return shares, call, time.perf_counter()
+
+    def result(self, pending: tuple[list[list[Task]], int, float]) -> tuple[list[Trajectory], RolloutStats]:
+        shares, call, start = pending
+        results, requeued = self._collect(shares, call)
         parts = [results[i] for i in range(len(shares)) if shares[i]]
         wall_s = time.perf_counter() - start
         stats = RolloutStats(
@@ -126,19 +148,19 @@ class RayRollouts:
             sum(p[1].generation_s for p in parts), sum(p[1].env_s for p in parts), wall_s,
         )  # fmt: skip
         slowest = max((p[1].wall_s for p in parts), default=0.0)
-        self.metrics = {"ray/workers": float(len(self.workers)), "ray/requeued": float(requeued),
-                        "ray/worker_rollout_s": slowest, "ray/overhead_s": wall_s - slowest}  # fmt: skip
+        for key, value in (("requeued", requeued), ("worker_rollout_s", slowest), ("overhead_s", wall_s - slowest)):
+            self.metrics[f"ray/{key}"] += value
         return [t for part in parts for t in part[0]], stats
 
     def step_metrics(self) -> dict[str, float]:
         return dict(self.metrics)
 
-    def _submit(self, share_index: int, worker_index: int, share: list[Task]) -> None:
-        seed = share_seed(self.recipe.train.seed, self.step, self.call, share_index)
+    def _submit(self, share_index: int, worker_index: int, share: list[Task], call: int) -> None:
+        seed = share_seed(self.recipe.train.seed, self.step, call, share_index)
         ref = self.workers[worker_index].run.remote(share, [self._weights], self.version, seed)
         self.in_flight[ref] = (share_index, worker_index)
 
-    def _collect(self, shares: list[list[Task]]) -> tuple[dict[int, Any], int]:
+    def _collect(self, shares: list[list[Task]], call: int) -> tuple[dict[int, Any], int]:
         """Wait for every share; a dead worker's share goes to a fresh worker."""
         results: dict[int, Any] = {}
         requeued = 0
@@ -156,7 +178,7 @@ class RayRollouts:
                 self.ray.kill(self.workers[worker_index])  # already dead; makes sure of it
                 self.workers[worker_index] = self._actor.remote(self.recipe)
                 self.pids[worker_index] = -1  # unknown until asked; the new worker is busy
-                self._submit(share_index, worker_index, shares[share_index])
+                self._submit(share_index, worker_index, shares[share_index], call)
         return results, requeued
 
     def _cancel(self) -> None:
@@ -205,7 +227,8 @@ def connect(address: str | None, num_cpus: int) -> bool:
         return False
     quiet = {"include_dashboard": False, "log_to_driver": False}
     if address in (None, "", "local"):
-        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **quiet)
+        ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1",
+                 _system_config=LOCAL_SYSTEM_CONFIG, **quiet)  # fmt: skip
         return True
     check_address(address)
     try:

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -83,6 +84,14 @@ class Rollouts(Protocol):
         """Every task rollout.group_size times; trajectories in task order."""
         ...
 
+    def submit(self, tasks: list[Task]) -> Any:
+        """Start `run(tasks)` in the background, sampling from the policy's weights as
+        they are now (train.async_rollouts); `result` waits for it."""
+        ...
+
+    def result(self, pending: Any) -> tuple[list[Trajectory], RolloutStats]:
+        ...
+
     def step_metrics(self) -> dict[str, float]:
         """Metrics of the last run (logged with the step's)."""
         ...
@@ -93,12 +102,30 @@ class LocalRollouts:
 
     def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
+        self._thread: ThreadPoolExecutor | None = None
 
     def begin_step(self, step: int) -> None:
         pass  # the backend samples from the policy itself (refreshed after each update)
 
     def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
         return self.engine.run(tasks)
+
+    def submit(self, tasks: list[Task]) -> Any:
+        backend = self.engine.backend
+        if not hasattr(backend, "sampling_model"):
+            raise ValueError(f"train.async_rollouts: the {type(backend).__name__} backend samples from the live "
+                             "weights, which the update changes under it; use the hf backend or --ray")  # fmt: skip
+        if not hasattr(backend.policy.model, "peft_config"):
+            raise ValueError("train.async_rollouts in one process needs lora.enabled: the sampling copy shares the "
+                             "weights full fine-tuning changes in place; use --ray for full fine-tuning")  # fmt: skip
+        backend.refresh()
+        backend.sampling_model()  # the merged copy is taken now, before the update moves the weights
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="ponder-rollout")
+        return self._thread.submit(self.engine.run, tasks)
+
+    def result(self, pending: Any) -> tuple[list[Trajectory], RolloutStats]:
+        return pending.result()
 
     def step_metrics(self) -> dict[str, float]:
         return {}
@@ -144,6 +171,10 @@ class RLTrainer:
         self.stop_requested = False
         self._last_step: tuple[np.ndarray, list[Task], list[Trajectory]] | None = None
         self._watchdog: threading.Timer | None = None
+        # train.async_rollouts: the next step's tasks and rollouts in flight, and the
+        # sampler and sampling RNG from before they were drawn (what a checkpoint keeps)
+        self._pending: tuple[list[Task], Any] | None = None
+        self._pending_state: dict[str, Any] = {}
 
     @classmethod
     def from_recipe(
@@ -189,6 +220,7 @@ class RLTrainer:
                     if self.step % cfg.save_every == 0 or self.step == cfg.steps or self.stop_requested:
                         self.save()
         finally:
+            self.drain()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._watchdog is not None:  # the run stopped in time: no exit from under the caller
@@ -220,11 +252,16 @@ class RLTrainer:
         """One RL step: rollout → reward → advantage → update. Returns its metrics."""
         algo, sampling = self.recipe.algo, self.recipe.rollout.sampling
         self.policy.model.eval()
-        self.rollouts.begin_step(self.step)
+        if self._pending is None:  # else the step's rollouts are in flight, with the last step's weights
+            self.rollouts.begin_step(self.step)
         tasks, trajectories, stats, sampled = self._sample_groups()
-        # The update below changes the weights: drop the sampling copy now rather than
-        # after it, so the update's activations do not sit on top of it (peak RSS).
-        self.backend.refresh()
+        sampled.update(self.rollouts.step_metrics())  # before a prefetch starts the next step's
+        if self._prefetching():
+            self._prefetch()  # the next step's rollouts run during this update
+        else:
+            # The update below changes the weights: drop the sampling copy now rather than
+            # after it, so the update's activations do not sit on top of it (peak RSS).
+            self.backend.refresh()
         batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
         tick = time.perf_counter()
         micro = algo.logprob_micro_batch_size or algo.micro_batch_size
@@ -261,7 +298,6 @@ class RLTrainer:
         metrics = episode_metrics(trajectories, {t.id: t.kind for t in tasks})
         metrics.update(update)
         metrics.update(sampled)
-        metrics.update(self.rollouts.step_metrics())
         metrics.update(
             {
                 "time/generation_s": stats.generation_s,
@@ -274,6 +310,28 @@ class RLTrainer:
             }
         )
         return metrics
+
+    def _prefetching(self) -> bool:
+        cfg = self.recipe.train
+        return cfg.async_rollouts and self.step + 1 < cfg.steps and not self.stop_requested
+
+    def _prefetch(self) -> None:
+        """Draw the next step's tasks and start their rollouts, sampled with the weights
+        as they are before this step's update (one step behind when they are trained)."""
+        self._pending_state = {"sampler": self.sampler.state_dict(), "sampling_rng": self.backend.generator.get_state()}
+        tasks = self.sampler.next_batch(self.recipe.train.tasks_per_step)
+        self.rollouts.begin_step(self.step + 1)
+        self._pending = (tasks, self.rollouts.submit(tasks))
+
+    def drain(self) -> None:
+        """The run stops with rollouts in flight: wait for them and drop them (a
+        checkpoint holds the sampler from before they were drawn)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending[1], None
+            try:
+                self.rollouts.result(pending)
+            except Exception:  # noqa: BLE001 - nothing of it is kept; the run's own error matters
+                pass
 
     def _metrics_log(self) -> MetricsLog:
         tracking = self.recipe.tracking
@@ -322,12 +380,12 @@ class RLTrainer:
             "scheduler": self.scheduler.state_dict(),
             "trainer": {
                 "step": self.step,
-                "sampler": self.sampler.state_dict(),
+                "sampler": self._pending_state.get("sampler") if self._pending else self.sampler.state_dict(),
                 "advantage_state": dict(self.advantage_state),
                 "kl": self.kl.state_dict(),
                 "best": self.best.state_dict(),
                 "rng": rng_state(),
-                "sampling_rng": self.backend.generator.get_state(),
+                "sampling_rng": self._pending_state["sampling_rng"] if self._pending else self.backend.generator.get_state(),
             },
         }
         if self.value_head is not None:
@@ -379,9 +437,14 @@ class RLTrainer:
         tasks: list[Task] = []
         kept: list[Trajectory] = []
         stats = RolloutStats()
+        staleness = 0.0
         for rollout in range(algo.max_refills + 1):
-            fresh = self.sampler.next_batch(want)
-            trajectories, part = self.rollouts.run(fresh)
+            if rollout == 0 and self._pending is not None:  # drawn and sampled during the last update
+                (fresh, pending), self._pending, staleness = self._pending, None, 1.0
+                trajectories, part = self.rollouts.result(pending)
+            else:
+                fresh = self.sampler.next_batch(want)
+                trajectories, part = self.rollouts.run(fresh)
             score_trajectories(trajectories, {t.id: t for t in fresh}, self.reward)
             _check_rewards(trajectories, self.step + 1)
             for trajectory in trajectories:  # a task drawn again in a refill is a group of its own
@@ -394,7 +457,8 @@ class RLTrainer:
             want = len({t.group_id for t, k in zip(trajectories, mask) if not k})  # groups to replace
             if want == 0:
                 break
-        sampled = {"sampling/kept_groups": float(len({t.group_id for t in kept})), "sampling/rollouts": rollout + 1.0}
+        sampled = {"sampling/kept_groups": float(len({t.group_id for t in kept})), "sampling/rollouts": rollout + 1.0,
+                   "policy/staleness": staleness}  # fmt: skip
         return tasks, kept or trajectories, stats, sampled  # nothing kept: the last rollout (no signal)
 
     def _request_stop(self, signum: int, frame: Any) -> None:
@@ -428,6 +492,9 @@ def check_recipe(recipe: Recipe) -> None:
     check_trackers(recipe.tracking.trackers)
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
+    if recipe.train.async_rollouts and recipe.algo.max_staleness < 1:
+        raise ValueError("train.async_rollouts samples one step behind the update: it needs algo.max_staleness >= 1, "
+                         f"got {recipe.algo.max_staleness}")  # fmt: skip
     if recipe.algo.micro_batch_size < 1 or recipe.algo.logprob_micro_batch_size < 0:
         raise ValueError(
             f"algo.micro_batch_size must be >= 1 and algo.logprob_micro_batch_size >= 0 (0: same as micro_batch_size), "
