@@ -28,6 +28,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ class VLLMBackend:
         self._version = 0
         self._session = uuid.uuid4().hex[:8]  # adapter names unique on a server shared by several runs
         self._adapters = Path(tempfile.mkdtemp(prefix="ponder-vllm-adapters-"))
+        weakref.finalize(self, shutil.rmtree, self._adapters, True)  # at exit too, if close() never comes
         self.server = _server_for(policy, rollout, self.sampling, seed)
         self.model_name = self.base_name = self.server.base_model()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,6 +79,7 @@ class VLLMServer:
         self.timeout_s, self.retries = timeout_s, retries
         self.process: subprocess.Popen | None = None
         self.log_path: Path | None = None
+        self.failed = False  # a failure's message names the log: keep it then
         self._client = httpx.Client(timeout=timeout_s)
         if check_s > 0 and not self.healthy(check_s):
             self._client.close()
@@ -106,10 +108,12 @@ class VLLMServer:
         deadline = time.monotonic() + start_timeout_s
         while not server.healthy(2.0):
             if process.poll() is not None:
+                server.failed = True
                 server.close()
                 raise BackendError(f"vLLM server exited with code {process.returncode} while starting: "
                                    f"{_last_line(log_path)} (log: {log_path})")  # fmt: skip
             if time.monotonic() > deadline:
+                server.failed = True
                 server.close()
                 raise BackendError(f"vLLM server not up after {start_timeout_s:g} s (log: {log_path})")
             time.sleep(1.0)
@@ -182,6 +186,7 @@ class VLLMServer:
 
     def _fail(self, reason: str, attempts: int) -> BackendError:
         """attempts 0: the server is gone, no request was tried."""
+        self.failed = True
         plural = "attempt" if attempts == 1 else "attempts"
         tried = f" after {attempts} {plural}" if attempts else ""
         where = f" (log: {self.log_path})" if self.log_path else ""
@@ -197,6 +202,8 @@ class VLLMServer:
             except subprocess.TimeoutExpired:
                 _signal_group(process, signal.SIGKILL)
                 process.wait(timeout=15)
+        if process is not None and self.log_path is not None and not self.failed:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
         self._client.close()
 
 
