@@ -106,3 +106,11 @@ def test_patience_stops_the_run_when_validation_stops_improving(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[-1]["val/best_step"] == 0.0
     assert latest_checkpoint(tmp_path).name.endswith("2")
+
+
+def test_the_step_line_shows_validation_and_the_best_step():
+    from ponder.train.progress import step_summary
+
+    line = step_summary({"reward/mean": 0.25, "val/reward": 0.5, "val/best_step": 5.0})
+    assert line.endswith("val +0.500 (best: step 5)")
+    assert "val" not in step_summary({"reward/mean": 0.25})

@@ -20,6 +20,8 @@ def step_summary(metrics: dict[str, float]) -> str:
     parts += [f"gen {metrics.get('time/generation_s', 0.0):.0f}s", f"update {metrics.get('time/update_s', 0.0):.0f}s"]
     if "eval/reward" in metrics:
         parts.append(f"eval reward {metrics['eval/reward']:+.3f}")
+    if "val/reward" in metrics:
+        parts.append(f"val {metrics['val/reward']:+.3f} (best: step {metrics['val/best_step']:.0f})")
     return " · ".join(parts)
 
 
