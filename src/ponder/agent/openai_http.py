@@ -14,16 +14,12 @@ import time
 from typing import Any
 
 from ponder.agent.policy import Completion, PolicyError, TextCallback
+from ponder.httpretry import one_line
 from ponder.rollout.backend import first_stop
 
 # Endpoints accept at most four stop sequences (OpenAI's limit).
 _MAX_STOP = 4
 _CHARS_PER_TOKEN = 4  # estimate when the endpoint reports no usage
-
-
-def _one_line(text: Any, limit: int = 200) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def tool_calls_as_hermes(tool_calls: list[dict[str, Any]]) -> str:
@@ -123,7 +119,7 @@ class OpenAIPolicy:
             except httpx.TransportError as exc:
                 reason = f"could not be reached ({type(exc).__name__})"
             except (ValueError, KeyError, TypeError, IndexError) as exc:
-                raise PolicyError(f"endpoint {url} sent a malformed reply: {_one_line(exc)}") from exc
+                raise PolicyError(f"endpoint {url} sent a malformed reply: {one_line(exc)}") from exc
         attempts = self.retries + 1
         raise PolicyError(f"endpoint {url} {reason} after {attempts} attempt{'s' if attempts > 1 else ''}")
 
@@ -160,9 +156,9 @@ class _Transient(Exception):
 
 def _raise_for_status(response: Any) -> None:
     if response.status_code >= 500 or response.status_code == 429:
-        raise _Transient(f"answered HTTP {response.status_code} ({_one_line(response.text)})")
+        raise _Transient(f"answered HTTP {response.status_code} ({one_line(response.text)})")
     if response.status_code >= 400:
-        raise PolicyError(f"endpoint rejected the request with HTTP {response.status_code}: {_one_line(response.text)}")
+        raise PolicyError(f"endpoint rejected the request with HTTP {response.status_code}: {one_line(response.text)}")
 
 
 def _finish(reason: str | None) -> str | None:

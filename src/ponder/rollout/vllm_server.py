@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ponder.httpretry import one_line, post_retrying
+
 BASE_NAME = "ponder-base"  # the name the base model is served under
 # vLLM's accepted --max-lora-rank values; an adapter's rank is rounded up to one of them.
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -44,11 +46,6 @@ class ServerSpec:
     max_model_len: int = 2048
     seed: int = 0
     extra_args: list[str] = field(default_factory=list)
-
-
-def _one_line(text: Any, limit: int = 200) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def free_port() -> int:
@@ -144,7 +141,7 @@ class VLLMServer:
             response.raise_for_status()
             return response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise self._fail(f"failed GET {path} ({type(exc).__name__}: {_one_line(exc)})", 1) from None
+            raise self._fail(f"failed GET {path} ({type(exc).__name__}: {one_line(exc)})", 1) from None
 
     def healthy(self, timeout_s: float) -> bool:
         import httpx
@@ -157,32 +154,18 @@ class VLLMServer:
     def post(self, path: str, payload: dict[str, Any]) -> Any:
         """POST JSON and return the decoded answer, retrying transient failures; a
         BackendError once the attempts are spent or on a 4xx answer."""
-        import httpx
 
-        reason = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(0.5 * 2 ** (attempt - 1))
+        def alive() -> None:
             if self.process is not None and self.process.poll() is not None:
                 raise self._fail(f"exited with code {self.process.returncode} ({_last_line(self.log_path)})", 0)
-            try:
-                response = self._client.post(f"{self.url}{path}", json=payload)
-            except httpx.TimeoutException:
-                reason = f"timed out after {self.timeout_s:g} s"
-                continue
-            except httpx.TransportError as exc:
-                reason = f"could not be reached ({type(exc).__name__}: {_one_line(exc)})"
-                continue
-            if response.status_code >= 500:
-                reason = f"answered HTTP {response.status_code} ({_one_line(response.text)})"
-                continue
-            if response.status_code >= 400:
-                raise self._fail(f"rejected {path} with HTTP {response.status_code} ({_one_line(response.text)})", attempt + 1)
-            try:
-                return response.json()
-            except ValueError:  # /v1/load_lora_adapter answers plain text, the OpenAI routes JSON
-                return response.text
-        raise self._fail(reason, self.retries + 1)
+
+        response = post_retrying(self._client, f"{self.url}{path}", payload, self.retries, 0.5, self._fail,
+                                 timed_out=f"timed out after {self.timeout_s:g} s", rejected=f"rejected {path}",
+                                 before=alive)  # fmt: skip
+        try:
+            return response.json()
+        except ValueError:  # /v1/load_lora_adapter answers plain text, the OpenAI routes JSON
+            return response.text
 
     def _fail(self, reason: str, attempts: int) -> BackendError:
         """attempts 0: the server is gone, no request was tried."""
@@ -243,4 +226,4 @@ def _last_line(path: Path | None) -> str:
     if path is None or not path.is_file():
         return "no log"
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return _one_line(lines[-1]) if lines else "empty log"
+    return one_line(lines[-1]) if lines else "empty log"

@@ -8,19 +8,14 @@ raised for the tool to turn into an error observation.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from ponder.httpretry import one_line, post_retrying
 from ponder.tools.retrieval.corpus import Hit
 
 
 class RetrievalError(RuntimeError):
     """The retrieval server could not answer; the message is one line."""
-
-
-def _one_line(text: str, limit: int = 200) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _parse_hit(item: Any) -> Hit:
@@ -31,7 +26,7 @@ def _parse_hit(item: Any) -> Hit:
     else:
         document, score = item, 0.0
     if not isinstance(document, dict) or "contents" not in document:
-        raise ValueError(f"passage without 'contents': {_one_line(repr(item), 80)}")
+        raise ValueError(f"passage without 'contents': {one_line(repr(item), 80)}")
     return Hit(str(document.get("id", "")), str(document["contents"]), float(score))
 
 
@@ -78,32 +73,12 @@ class HttpRetriever:
         return RetrievalError(f"retrieval server {self.url} {reason} after {attempts} {plural}")
 
     def _post(self, payload: dict[str, Any]) -> Any:
-        import httpx
-
-        attempts = self.retries + 1
-        reason = ""
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = self._client.post(f"{self.url}/retrieve", json=payload)
-            except httpx.TimeoutException:
-                reason = "timed out"
-                continue
-            except httpx.TransportError as exc:
-                reason = f"could not be reached ({type(exc).__name__}: {_one_line(exc)})"
-                continue
-            if response.status_code >= 500:
-                reason = f"answered HTTP {response.status_code} ({_one_line(response.text)})"
-                continue
-            if response.status_code >= 400:
-                reason = f"rejected the request with HTTP {response.status_code} ({_one_line(response.text)})"
-                raise self._fail(reason, attempt + 1)
-            try:
-                return response.json()
-            except ValueError as exc:
-                raise self._fail(f"answered with invalid JSON ({_one_line(exc)})", attempt + 1) from exc
-        raise self._fail(reason, attempts)
+        response = post_retrying(self._client, f"{self.url}/retrieve", payload, self.retries, self.backoff_s,
+                                 self._fail)  # fmt: skip
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise self._fail(f"answered with invalid JSON ({one_line(exc)})", 1) from exc
 
     def search(self, queries: list[str], topk: int) -> list[list[Hit]]:
         """Top `topk` passages per query from the server, best first."""
