@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -65,6 +66,21 @@ def weather_transcripts() -> list[tuple[dict, str]]:
     return [(first, CALL_TEXT), (second, FINAL_ANSWER), (json_body, JSON_ANSWER), (named, CALL_TEXT)]
 
 
+def assert_tool_round_trip(client, model: str = "weather") -> list[dict]:
+    """The weather adapter served as `model` calls get_weather for Paris, then answers from
+    the tool's result (through the `openai` client); returns the conversation so far."""
+    messages = [{"role": "user", "content": QUESTION}]
+    first = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0)
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT}]  # fmt: skip
+    final = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0)
+    assert final.choices[0].message.content == FINAL_ANSWER
+    return messages
+
+
 def random_lora(seed: int):
     torch.manual_seed(seed)  # PEFT draws the A matrices from the global generator
     policy = apply_lora(tiny_policy(), LoraConfig(r=4, alpha=8))
@@ -78,10 +94,17 @@ def random_lora(seed: int):
 
 def train_weather_adapter(steps: int = 150, base=None, lr: float = 1e-2, model: str = "weather"):
     """A LoRA on `base` (default the tiny model) that has learnt the weather transcripts by heart."""
+    return train_adapter(weather_transcripts(), steps, base, lr, model)
+
+
+def train_adapter(transcripts: list[tuple[dict, str]], steps: int, base=None, lr: float = 1e-2,
+                  model: str = "weather"):  # fmt: skip
+    """A LoRA on `base` (default the tiny model) that has learnt `transcripts` (chat request
+    body, reply), rendered as the server renders them, by heart."""
     policy = apply_lora(base if base is not None else tiny_policy(), LoraConfig(r=16, alpha=32))
     tokenizer = policy.tokenizer
     examples = []
-    for body, reply in weather_transcripts():
+    for body, reply in transcripts:
         plan = plan_chat(ChatRequest.model_validate({**body, "model": model}))
         prompt = tokenizer.apply_chat_template(plan.messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = tokenizer.encode(prompt + plan.prefill, add_special_tokens=False)

@@ -51,7 +51,7 @@ def test_serve_runs_as_a_command_with_an_adapter_and_a_key_from_the_environment(
     finally:
         server.send_signal(signal.SIGTERM)
         _, stderr = server.communicate(timeout=30)
-    assert f"serving tiny, beta on http://127.0.0.1:{port}/v1; API key required" in stderr
+    assert f"serving tiny, beta on http://127.0.0.1:{port}/v1 (backend hf); API key required" in stderr
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from ponder.models import load_policy
 from ponder.models.adapters import save_trained
 from ponder.serve import ServeConfig
 
-from .conftest import FINAL_ANSWER, QUESTION, TOOL_RESULT, WEATHER_TOOL, running_server, train_weather_adapter
+from .conftest import WEATHER_TOOL, assert_tool_round_trip, running_server, train_weather_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,8 @@ def test_embedded_model_serves_answers_and_a_trained_tool_adapter(tmp_path):
     adapter = train_weather_adapter(steps=40, base=load_policy("smollm2-135m", device="cpu"), lr=2e-3)
     save_trained(adapter, tmp_path / "weather")
     del adapter
-    config = ServeConfig(model="smollm2-135m", adapters={"weather": str(tmp_path / "weather")}, device="cpu")
+    config = ServeConfig(model="smollm2-135m", adapters={"weather": str(tmp_path / "weather")}, device="cpu",
+                         backend="hf")  # ponder's own backend (test_vllm_slow.py: vllm)
     with running_server(config) as served:
         client = openai.OpenAI(base_url=served.url, api_key="none", max_retries=0, timeout=300)
         capital = [{"role": "user", "content": "What is the capital of France?"}]
@@ -32,14 +33,7 @@ def test_embedded_model_serves_answers_and_a_trained_tool_adapter(tmp_path):
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == \
             reply.choices[0].message.content  # fmt: skip
 
-        messages = [{"role": "user", "content": QUESTION}]
-        first = client.chat.completions.create(model="weather", messages=messages, tools=[WEATHER_TOOL], temperature=0)
-        (call,) = first.choices[0].message.tool_calls
-        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
-        messages += [first.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT}]  # fmt: skip
-        final = client.chat.completions.create(model="weather", messages=messages, tools=[WEATHER_TOOL], temperature=0)
-        assert final.choices[0].message.content == FINAL_ANSWER
+        messages = assert_tool_round_trip(client)
         base = client.chat.completions.create(model="smollm2-135m", messages=messages[:1], tools=[WEATHER_TOOL],
                                               temperature=0, max_tokens=48)  # fmt: skip
         assert not base.choices[0].message.tool_calls  # the same request without the adapter: no call

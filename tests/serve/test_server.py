@@ -206,7 +206,7 @@ def test_concurrent_requests_are_batched_and_keep_their_adapters(served):
                 replies = [await call for call in calls]
         return [r.choices[0].message.content for r in replies]
 
-    sizes = served.model_server.batcher.batch_sizes
+    sizes = served.model_server.generator.batch_sizes
     alone = asyncio.run(run(False))
     before = len(sizes)
     together = asyncio.run(run(True))
@@ -285,7 +285,7 @@ def test_a_client_leaving_mid_stream_does_not_stop_the_server(served, client):
                     break  # close the connection after the first piece of text
         done.set()
 
-    cancelled = served.model_server.batcher.cancelled
+    cancelled = served.model_server.generator.cancelled
     for _ in range(3):
         worker = threading.Thread(target=leave_early)
         worker.start()
@@ -297,8 +297,8 @@ def test_a_client_leaving_mid_stream_does_not_stop_the_server(served, client):
     # finish before the server sees its client go (2 of 3 were seen in one CI run), so at
     # least one of the three must have been cut short, never more than three.
     deadline = time.monotonic() + 15
-    while served.model_server.batcher.cancelled < cancelled + 3 and time.monotonic() < deadline:
+    while served.model_server.generator.cancelled < cancelled + 3 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert cancelled + 1 <= served.model_server.batcher.cancelled <= cancelled + 3
+    assert cancelled + 1 <= served.model_server.generator.cancelled <= cancelled + 3
     reply = ask(client, model="beta", stream=True)
     assert [c.choices[0].finish_reason for c in reply if c.choices][-1] == "length"

@@ -42,7 +42,7 @@ from ponder.rollout.backend import Generation, GenerationRequest
 from ponder.rollout.hf import _eos_ids
 from ponder.rollout.vllm_server import BackendError, ServerSpec, VLLMServer, lora_rank_for
 
-__all__ = ["BackendError", "VLLMBackend", "base_model_dir"]
+__all__ = ["BackendError", "VLLMBackend", "base_model_dir", "model_dir_of"]
 
 
 class VLLMBackend:
@@ -150,13 +150,7 @@ class VLLMBackend:
         directory = self._adapters / f"v{self._version}"
         self.policy.model.save_pretrained(directory, save_embedding_layers=False)
         name = f"ponder-{self._session}-v{self._version}"
-        try:
-            self.server.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(directory)})
-        except BackendError:
-            # a retried load whose first attempt went through after its timeout is refused
-            # as a duplicate: the adapter is there all the same
-            if name not in self.server.model_names():
-                raise
+        self.server.load_adapter(name, str(directory))
         previous, self.model_name = self.model_name, name
         if previous != self.base_name:
             self.server.post("/v1/unload_lora_adapter", {"lora_name": previous})
@@ -192,12 +186,17 @@ def base_model_dir(policy: Policy) -> str:
     if policy.stack:
         raise ValueError("rollout.backend vllm: this policy has trained adapters merged into its base, which vLLM "
                          "cannot load from disk; export the merged model (ponder export --merge) and name that")  # fmt: skip
-    name = policy.base or policy.name
+    return model_dir_of(policy.base or policy.name)
+
+
+def model_dir_of(name: str, flag: str = "rollout.backend vllm") -> str:
+    """What vLLM loads for model `name` (see base_model_dir); ValueError, starting with
+    `flag`, for a name it cannot load (`tiny`, a ponder run directory)."""
     if name == EMBEDDED_NAME:
         return str(embedded_model_dir())
     if (Path(name) / "config.json").is_file() or (not Path(name).exists() and name.count("/") == 1):
         return name
-    raise ValueError(f"rollout.backend vllm: model '{name}' is not a model directory vLLM can load")
+    raise ValueError(f"{flag}: model '{name}' is not a model directory vLLM can load")
 
 
 def _lora_rank(policy: Policy) -> int:

@@ -156,8 +156,8 @@ class VLLMServer:
         BackendError once the attempts are spent or on a 4xx answer."""
 
         def alive() -> None:
-            if self.process is not None and self.process.poll() is not None:
-                raise self._fail(f"exited with code {self.process.returncode} ({_last_line(self.log_path)})", 0)
+            if (died := self.exit_reason()) is not None:
+                raise self._fail(died, 0)
 
         response = post_retrying(self._client, f"{self.url}{path}", payload, self.retries, 0.5, self._fail,
                                  timed_out=f"timed out after {self.timeout_s:g} s", rejected=f"rejected {path}",
@@ -166,6 +166,23 @@ class VLLMServer:
             return response.json()
         except ValueError:  # /v1/load_lora_adapter answers plain text, the OpenAI routes JSON
             return response.text
+
+    def exit_reason(self) -> str | None:
+        """Why a server started here is gone (its exit code and log's last line); None
+        while it runs, and always for a server reached by URL."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return f"exited with code {self.process.returncode} ({_last_line(self.log_path)})"
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load the PEFT adapter at `path` under `name` (vLLM's runtime LoRA loading)."""
+        try:
+            self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        except BackendError:
+            # a retried load whose first attempt went through after its timeout is refused
+            # as a duplicate: the adapter is there all the same
+            if name not in self.model_names():
+                raise
 
     def _fail(self, reason: str, attempts: int) -> BackendError:
         """attempts 0: the server is gone, no request was tried."""

@@ -2,8 +2,9 @@
 
 Requests are read and checked here (size, JSON, fields, model name, API key) and
 every refusal is OpenAI's error body (serve/errors.py). Generation happens on the
-batching worker (serve/batcher.py), awaited without blocking the event loop, so
-requests that arrive together are generated in one batch.
+server's Generator (serve/engine.py: ponder's batching worker, or a vLLM server),
+awaited without blocking the event loop, so requests that arrive together are
+generated together; nothing here depends on which backend it is.
 
 Streaming (`stream: true`) sends server-sent events in OpenAI's chunk format and ends
 with `data: [DONE]`. Text goes out as it is decoded, except a tail that could still
@@ -101,9 +102,12 @@ def create_app(server: ModelServer) -> FastAPI:
         error = api_error_from(exc)
         return JSONResponse(error.body(), status_code=error.status)
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "models": [m["id"] for m in server.models()]}
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any] | JSONResponse:
+        problem = await asyncio.to_thread(server.health)  # vLLM's own /health is asked over HTTP
+        if problem is not None:
+            return JSONResponse({"status": "unavailable", "backend": server.backend, "reason": problem}, 503)
+        return {"status": "ok", "backend": server.backend, "models": [m["id"] for m in server.models()]}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -238,7 +242,7 @@ class _LiveText:
         loop = asyncio.get_running_loop()
         self.updates: asyncio.Queue[str | None] = asyncio.Queue()
         self.job = make_job(lambda text: loop.call_soon_threadsafe(self.updates.put_nowait, text))
-        self.future = server.batcher.submit(self.job)
+        self.future = server.generator.submit(self.job)
         self.future.add_done_callback(lambda _: loop.call_soon_threadsafe(self.updates.put_nowait, None))
         self.markers = markers
         self.sent = 0

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop
 from ponder.serve.adapters import AdapterBackend
@@ -155,23 +156,38 @@ class Batcher:
     def _observe(self, request: GenerationRequest, token_ids: list[int]) -> bool:
         """The backend's per-token hook (see module docstring); True ends the row."""
         job = self._running.get(request.key)
-        if job is None:
-            return False
-        if job.cancelled:
-            return True
-        if not job.stop and job.on_text is None:
-            return False
-        text = self.backend.tokenizer.decode(token_ids, skip_special_tokens=True)
-        if job.stop and first_stop(text, job.stop) >= 0:
-            job.stopped = True
-        if job.on_text is not None:
-            job.on_text(text)
-        return job.stopped
+        return job is not None and observe_tokens(job, token_ids, self.backend.tokenizer)
 
     def _result(self, job: Job, generation: Generation) -> JobResult:
-        if job.stopped or generation.finish_reason in ("eos", "stop"):
-            reason = "stop"
-        else:
-            reason = "abort" if generation.finish_reason == "abort" else "length"
-            self.cancelled += reason == "abort"
-        return JobResult(generation.token_ids, generation.text, reason, job.stopped)
+        result = job_result(job, generation)
+        self.cancelled += result.finish_reason == "abort"
+        return result
+
+    def health(self) -> str | None:
+        """None while the worker runs, else why not (for GET /health)."""
+        return None if self._thread.is_alive() else "the generation worker has stopped"
+
+
+def observe_tokens(job: Job, token_ids: list[int], tokenizer: Any) -> bool:
+    """After each token of `job` (any backend): True ends it, because its client left or
+    one of its stop strings appeared; streaming jobs get the text so far."""
+    if job.cancelled:
+        return True
+    if not job.stop and job.on_text is None:
+        return False
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if job.stop and first_stop(text, job.stop) >= 0:
+        job.stopped = True
+    if job.on_text is not None:
+        job.on_text(text)
+    return job.stopped
+
+
+def job_result(job: Job, generation: Generation) -> JobResult:
+    """A generation in the server's terms: finish `stop` (end of turn or a stop string),
+    `length`, or `abort` (its client left)."""
+    if job.stopped or generation.finish_reason in ("eos", "stop"):
+        reason = "stop"
+    else:
+        reason = "abort" if generation.finish_reason == "abort" else "length"
+    return JobResult(generation.token_ids, generation.text, reason, job.stopped)

@@ -17,6 +17,14 @@ Serve a policy over OpenAI's HTTP API: POST /v1/chat/completions (tools,
 tool_choice, response_format, stream), POST /v1/completions, GET /v1/models.
 Each --adapter is served under its own model name on the one base model;
 requests that arrive together are generated in one batch. See docs/serving.md.
+
+Backends (--backend): `hf` is ponder's own (transformers, the lean CPU decoder;
+a batch runs to its end). `vllm` generates on a vLLM server (its own venv, `make
+vllm-venv`, started here for the base model with every adapter loaded, or
+--vllm-url), which batches concurrent requests continuously. `auto` (default)
+picks vllm when --vllm-url is given, or when --vllm-python exists and vLLM can
+load --model (not `tiny`, not a run dir with merged adapters); else hf. Prompts,
+tools, response_format and stop strings are handled by ponder for both.
 """
 
 
@@ -40,7 +48,15 @@ def register(commands: Any) -> None:
                        help="how long a batch waits for more requests to join it")
     serve.add_argument("--retries", type=int, default=2,
                        help="extra attempts when a sampled reply misses a forced tool call or response_format")
-    serve.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    serve.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"],
+                       help="who generates (see above); default auto")
+    serve.add_argument("--vllm-url", help="a running vLLM server to generate on (started with --enable-lora and "
+                                          "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True when serving adapters)")
+    serve.add_argument("--vllm-python", default=".venv-vllm/bin/python",
+                       help="python of vLLM's venv, for the server started here (default: %(default)s)")
+    serve.add_argument("--vllm-start-timeout", type=float, default=600.0,
+                       help="seconds the vLLM server may take to come up (default: %(default)s)")
+    serve.add_argument("--device", default="auto", help="auto, cpu or cuda (hf backend)")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(handler=cmd_serve)
@@ -55,6 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or api_key_from_env(), max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
         batch_window_ms=args.batch_window_ms, retries=args.retries, device=args.device, seed=args.seed,
+        backend=args.backend, vllm_url=args.vllm_url, vllm_python=args.vllm_python,
+        vllm_start_timeout_s=args.vllm_start_timeout,
     )  # fmt: skip
     serve(config, log_level=args.log_level, say=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

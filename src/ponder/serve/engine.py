@@ -1,8 +1,11 @@
 """The served model: its settings, its names, prompt encoding and generation.
 
-`ModelServer.load(config)` loads the base policy, attaches the adapters, and starts
-the batching worker. The HTTP layer (serve/app.py) only turns requests into `Job`s
-and results into OpenAI's shapes.
+`ModelServer.load(config)` picks the backend (`resolve_backend`), then either loads
+the base policy with its adapters behind ponder's batching worker (`hf`, serve/
+batcher.py) or starts / reaches a vLLM server with the adapters loaded into it
+(`vllm`, serve/vllm.py). Both take `Job`s through one small interface (`Generator`),
+so the HTTP layer (serve/app.py) only turns requests into `Job`s and results into
+OpenAI's shapes, the same for either backend.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import asyncio
 import copy
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ponder.models.loading import EMBEDDED_NAME, Policy, load_policy
 from ponder.serve.adapters import AdapterBackend, attach_adapters, find_adapter
@@ -40,6 +45,14 @@ class ServeConfig:
     cached_samplers: merged adapter copies kept for sampling (LRU; ~0.4 GB each for
         the embedded model).
     device, dtype, seed: where and how the model runs; the sampling seed.
+    backend: `hf` (ponder's own: transformers / the lean CPU decoder, batched by serve/
+        batcher.py), `vllm` (a vLLM server doing continuous batching, serve/vllm.py), or
+        `auto`: vllm when vllm_url is set, or when vllm_python exists and vLLM can load
+        the model (not `tiny`, not a ponder run dir with merged adapters); else hf.
+    vllm_url: a running vLLM server to generate on (unset: start one with vllm_python).
+    vllm_python: the python of vLLM's own venv (`make vllm-venv`).
+    vllm_start_timeout_s: how long a vLLM server started here may take to come up.
+    vllm_timeout_s: the longest wait for a vLLM server's next token (then 503).
     """
 
     model: str = EMBEDDED_NAME
@@ -57,6 +70,11 @@ class ServeConfig:
     device: str = "auto"
     dtype: str = "float32"
     seed: int = 0
+    backend: str = "auto"
+    vllm_url: str | None = None
+    vllm_python: str = ".venv-vllm/bin/python"
+    vllm_start_timeout_s: float = 600.0
+    vllm_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_limit", "max_body_bytes", "max_choices", "max_batch_size", "cached_samplers"):
@@ -70,38 +88,87 @@ class ServeConfig:
             raise ValueError("api_key must not be empty (leave it unset to serve without one)")
         if self.model in self.adapters:
             raise ValueError(f"--adapter {self.model!r}: that name is the base model's")
+        if self.backend not in ("auto", "hf", "vllm"):
+            raise ValueError(f"--backend {self.backend!r}: choose auto, hf or vllm")
+        if self.vllm_url and self.backend == "hf":
+            raise ValueError("--vllm-url is for --backend vllm (or auto), not hf")
+        if self.vllm_start_timeout_s <= 0 or self.vllm_timeout_s <= 0:
+            raise ValueError("vllm_start_timeout_s and vllm_timeout_s must be > 0")
 
 
 def api_key_from_env() -> str | None:
     return os.environ.get(API_KEY_ENV) or None
 
 
-class ModelServer:
-    """The base policy with its adapters behind one batching worker."""
+def resolve_backend(config: ServeConfig) -> str:
+    """`hf` or `vllm` for config.backend (see ServeConfig for what `auto` picks)."""
+    from ponder.rollout.vllm import model_dir_of
 
-    def __init__(self, config: ServeConfig, policy: Policy) -> None:
+    if config.backend != "auto":
+        return config.backend
+    if config.vllm_url:
+        return "vllm"
+    if not Path(config.vllm_python).is_file():
+        return "hf"
+    try:
+        model_dir_of(config.model)
+    except ValueError:
+        return "hf"
+    return "vllm"
+
+
+class Generator(Protocol):
+    """What generates a server's jobs: serve/batcher.py's Batcher (hf) or serve/vllm.py's
+    VLLMGenerator. `submit` returns the job's future (a JobResult); `health` is None
+    while it can generate, else why not; `cancelled` counts jobs whose client left."""
+
+    cancelled: int
+
+    def submit(self, job: Job) -> Future: ...
+
+    def stop(self) -> None: ...
+
+    def health(self) -> str | None: ...
+
+
+class ModelServer:
+    """The base model with its adapters behind one Generator (see module docstring)."""
+
+    def __init__(self, config: ServeConfig, generator: Generator, tokenizer: Any, context_limit: int,
+                 backend: str) -> None:  # fmt: skip
         self.config = config
         self.created = int(time.time())
         self.base_name = config.model
         self.adapter_names = list(config.adapters)
-        self.backend = AdapterBackend(policy, seed=config.seed, cached_samplers=config.cached_samplers)
-        # The worker thread decodes with the backend's tokenizer; requests are encoded on
-        # the event loop with a copy (a fast tokenizer used from two threads at once can
-        # fail with "Already borrowed").
-        self.tokenizer = copy.deepcopy(policy.tokenizer)
-        self.context_limit = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
-        self.batcher = Batcher(self.backend, config.batch_window_ms / 1000, config.max_batch_size)
-        self.batcher.start()
+        self.generator = generator
+        self.backend = backend
+        # The generator decodes with its own tokenizer on its own thread; requests are
+        # encoded on the event loop with a copy (a fast tokenizer used from two threads
+        # at once can fail with "Already borrowed").
+        self.tokenizer = copy.deepcopy(tokenizer)
+        self.context_limit = context_limit
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelServer:
-        """Check every adapter path, then load the model (ValueError on bad input)."""
+        """Check every adapter path, then load the model or reach vLLM (ValueError on bad input)."""
         found = {name: find_adapter(name, path, config.model) for name, path in config.adapters.items()}
+        if resolve_backend(config) == "vllm":
+            from ponder.serve.vllm import VLLMGenerator
+
+            vllm = VLLMGenerator.connect(config, found)
+            return cls(config, vllm, vllm.tokenizer, vllm.context_limit, "vllm")
         policy = attach_adapters(load_policy(config.model, config.dtype, config.device), found)
-        return cls(config, policy)
+        backend = AdapterBackend(policy, seed=config.seed, cached_samplers=config.cached_samplers)
+        batcher = Batcher(backend, config.batch_window_ms / 1000, config.max_batch_size)
+        batcher.start()
+        context_limit = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
+        return cls(config, batcher, policy.tokenizer, context_limit, "hf")
 
     def close(self) -> None:
-        self.batcher.stop()
+        self.generator.stop()
+
+    def health(self) -> str | None:
+        return self.generator.health()
 
     def models(self) -> list[dict[str, Any]]:
         """OpenAI's model objects: the base, then each adapter (its `parent` the base)."""
@@ -145,4 +212,4 @@ class ModelServer:
 
     async def generate(self, job: Job) -> JobResult:
         """Queue `job` and wait for its result without blocking the event loop."""
-        return await asyncio.wrap_future(self.batcher.submit(job))
+        return await asyncio.wrap_future(self.generator.submit(job))
