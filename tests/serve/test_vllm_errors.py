@@ -1,9 +1,16 @@
 """`ponder serve --backend vllm` when no vLLM can be had, as a real subprocess: a
 --vllm-url nobody answers, a vLLM python that exits or never comes up, a model vLLM
-cannot load: each one line and exit code 2 within bounded time. And what `--backend
-auto` picks. No vLLM runs here (the slow module test_vllm_slow.py runs one)."""
+cannot load: each one line and exit code 2 within bounded time. A vLLM server that
+stalls mid-request (an HTTP server on 127.0.0.1 that answers /health and /v1/models
+but never a completion): a one-line 503 within the timeout, the server still serving.
+And what `--backend auto` picks. No vLLM runs here (test_vllm_slow.py runs one)."""
 
+import http.server
+import json
+import threading
 import time
+
+import httpx
 
 import pytest
 
@@ -11,6 +18,7 @@ from ponder.models import tiny_policy
 from ponder.serve import ServeConfig
 from ponder.serve.engine import resolve_backend
 
+from .conftest import running_server
 from .test_cli import free_port, ponder
 
 
@@ -80,3 +88,40 @@ def test_auto_picks_vllm_only_when_it_is_there_and_can_load_the_model(model_dir,
     assert resolve_backend(ServeConfig(model="tiny", vllm_python=str(python))) == "hf"  # vLLM cannot load it
     assert resolve_backend(ServeConfig(model="tiny", vllm_url="http://127.0.0.1:9")) == "vllm"
     assert resolve_backend(ServeConfig(model=str(model_dir), vllm_python=str(python), backend="hf")) == "hf"
+
+
+class _StalledVLLM(http.server.BaseHTTPRequestHandler):
+    """Where a vLLM server would be: /health and /v1/models answer, a completion never starts."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        models = {"object": "list", "data": [{"id": "base", "parent": None, "max_model_len": 256}]}
+        body = json.dumps(models).encode() if self.path == "/v1/models" else b""
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802
+        time.sleep(10)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_stalled_vllm_server_costs_a_request_a_503_and_the_server_goes_on(model_dir):
+    stalled = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StalledVLLM)
+    threading.Thread(target=stalled.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{stalled.server_address[1]}"
+    try:
+        with running_server(ServeConfig(model=str(model_dir), vllm_url=url, vllm_timeout_s=1.0)) as served:
+            assert served.model_server.backend == "vllm" and served.model_server.context_limit == 256
+            start = time.monotonic()
+            answer = httpx.post(f"{served.url}/chat/completions", timeout=30,
+                                json={"model": str(model_dir), "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+            assert time.monotonic() - start < 5
+            assert answer.status_code == 503
+            assert answer.json()["error"] == {"message": f"the vLLM server {url} sent nothing for 1 s",
+                                              "type": "server_error", "param": None, "code": "backend_unavailable"}  # fmt: skip
+            assert httpx.get(f"{served.url}/models", timeout=10).status_code == 200
+    finally:
+        stalled.shutdown()
