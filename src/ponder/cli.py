@@ -281,6 +281,33 @@ def _add_export_command(commands: Any) -> None:
     export.set_defaults(handler=cmd_export)
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from ponder.models.merging import load_merge_config, run_merge
+
+    config, sources = load_merge_config(args.config, args.overrides)
+    out = run_merge(config, sources, args.config, overwrite=args.overwrite)
+    kind = "a full model" if config.merge_on == "full" else "a LoRA adapter"
+    print(f"wrote {kind} ({config.merge_method} of {len(sources)}) to {out}; load it with --model {out}")
+    return 0
+
+
+def _add_merge_command(commands: Any) -> None:
+    merge = commands.add_parser(
+        "merge", help="merge trained models or adapters (task arithmetic, TIES, DARE) from a YAML file",
+        description="Merge trained runs into one model, as a mergekit-like YAML file says: merge_method "
+        "(linear, task_arithmetic, ties, dare_linear, dare_ties), base_model, models (a list of "
+        "{model: RUN_OR_DIR, weight: W}), parameters (density: TIES's kept fraction; drop_rate: DARE's "
+        "drop probability; seed; scale: the merged task vector's multiplier; svd_rank), merge_on (full: "
+        "task vectors finetuned - base on every weight, writes a full model; lora: PEFT's "
+        "add_weighted_adapter, writes an adapter for `ponder serve --adapter`) and out. The output is "
+        "written atomically and loads like any trained run: ponder eval --model OUT.",
+    )
+    merge.add_argument("config", metavar="CONFIG.yaml", help="the merge file")
+    merge.add_argument("--overwrite", action="store_true", help="replace a ponder model already in 'out'")
+    merge.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. parameters.seed=1")
+    merge.set_defaults(handler=cmd_merge)
+
+
 def _add_reuse_flags(parser: argparse.ArgumentParser, resume: str) -> None:
     flags = parser.add_mutually_exclusive_group()
     flags.add_argument("--resume", action="store_true", help=resume)
@@ -383,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_commands(commands)
     _add_pipeline_command(commands)
     _add_export_command(commands)
+    _add_merge_command(commands)
     _add_report_command(commands)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
