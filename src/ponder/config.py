@@ -196,6 +196,35 @@ class EnvConfig:
 
 
 @dataclass
+class ShapingConfig:
+    """Reward-hacking penalties (ponder.rewards.hacking): each nonzero one adds a
+    component `shaping/<name>` (1 when its detector fires) with weight -penalty.
+
+    guess: a right answer with wrong or absent work (math: no true shown step or
+        calculator result reaches it, or a shown step is false).
+    format_gaming: a protocol tag with nothing in it (`<think></think>`).
+    repetition: the actions' repeated word n-gram ratio (n = repetition_n) is at
+        least repetition_threshold (a degenerate loop).
+    truncation: the episode ran into the token limit.
+    window: RL steps over which the trend detectors (length gaming, judge
+        exploitation) fit their slopes.
+    judge / verified: the breakdown components the judge-exploitation detector
+        compares (a judge's score and the verifier's).
+    The detectors' rates go to the RL metrics (`hacking/*`) whatever the penalties.
+    """
+
+    guess: float = 0.0
+    format_gaming: float = 0.0
+    repetition: float = 0.0
+    truncation: float = 0.0
+    repetition_n: int = 4
+    repetition_threshold: float = 0.5
+    window: int = 5
+    judge: str = "judge"
+    verified: str = "correct"
+
+
+@dataclass
 class RewardConfig:
     """Weights of the composite reward (total = sum of weight x component).
 
@@ -207,6 +236,7 @@ class RewardConfig:
         `turn_rewards`, the sum of the environment's per-turn rewards) or an import
         path `module:function` to your own (trajectory, task) -> float | None.
         A name here also overrides the environment's default weight for it.
+    shaping: reward-hacking penalties (ShapingConfig).
     em, f1, format and search_cost are search-QA's; other environments bring their
     own components and default weights.
     """
@@ -216,6 +246,7 @@ class RewardConfig:
     format: float = 0.1
     search_cost: float = -0.05
     terms: dict[str, float] = field(default_factory=dict)
+    shaping: ShapingConfig = field(default_factory=ShapingConfig)
 
 
 @dataclass

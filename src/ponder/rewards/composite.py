@@ -63,8 +63,14 @@ class CompositeReward:
         cls, cfg: Any, components: Mapping[str, RewardFn] | None = None, defaults: Mapping[str, float] | None = None
     ) -> CompositeReward:
         """Weights from a RewardConfig: `defaults` (an environment's; search-QA's four
-        fields when None) updated by cfg.terms."""
+        fields when None) updated by cfg.terms, plus cfg.shaping's nonzero penalties."""
         base = dict(defaults) if defaults is not None else {n: getattr(cfg, n) for n in SEARCH_QA_COMPONENTS}
+        shaping = getattr(cfg, "shaping", None)
+        if shaping is not None:  # reward-hacking penalties: components `shaping/*`, weight -penalty
+            from ponder.rewards.hacking import shaping_components
+
+            shaped, penalties = shaping_components(shaping)
+            components, base = {**(components or {}), **shaped}, {**base, **penalties}
         return cls({**base, **dict(cfg.terms)}, components)
 
     def __call__(self, trajectory: Trajectory, task: Task) -> tuple[float | None, dict[str, float]]:

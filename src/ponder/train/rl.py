@@ -47,7 +47,8 @@ from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_stat
 from ponder.train.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
-from ponder.train.rl_metrics import episode_metrics, episode_table
+from ponder.rewards.hacking import HackingMonitor
+from ponder.train.rl_metrics import episode_metrics, episode_table, hacking_step_metrics
 from ponder.train.sampler import TaskSampler
 from ponder.train.tracking import check_trackers
 from ponder.train.sft import BEHAVIOURS
@@ -167,6 +168,7 @@ class RLTrainer:
             else FixedKLController(algo.kl_coef)
         )
         self.advantage_state: dict[str, Any] = {}
+        self.hacking = HackingMonitor(recipe.reward.shaping.window)  # trend detectors over steps
         self.step = 0
         self.stop_requested = False
         self._last_step: tuple[np.ndarray, list[Task], list[Trajectory]] | None = None
@@ -296,6 +298,7 @@ class RLTrainer:
         if "policy/kl" in update:
             self.kl.update(update["policy/kl"], len(trajectories))
         metrics = episode_metrics(trajectories, {t.id: t.kind for t in tasks})
+        metrics.update(hacking_step_metrics(trajectories, tasks, self.recipe.reward.shaping, self.hacking))
         metrics.update(update)
         metrics.update(sampled)
         metrics.update(

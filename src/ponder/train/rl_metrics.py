@@ -6,6 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from ponder.eval.metrics import mean
+from ponder.rewards.hacking import HackingMonitor, hacking_metrics
 from ponder.types import Task, Trajectory
 
 
@@ -41,6 +42,16 @@ def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None
     for kind, group in sorted(by_kind.items()):
         metrics[f"kind/{kind}/reward"] = mean([t.reward for t in group if t.reward is not None])
         metrics[f"kind/{kind}/searches"] = mean([t.metrics.get("searches", 0.0) for t in group])
+    return metrics
+
+
+def hacking_step_metrics(
+    trajectories: list[Trajectory], tasks: list[Task], shaping: Any, monitor: HackingMonitor
+) -> dict[str, float]:
+    """The step's reward-hacking rates (`hacking/*`, ponder.rewards.hacking) and the
+    trend flags `monitor` derives from them and the steps before."""
+    metrics = hacking_metrics(trajectories, {task.id: task for task in tasks}, shaping)
+    metrics.update(monitor.observe(metrics))
     return metrics
 
 
