@@ -53,6 +53,29 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class RopeScalingConfig:
+    """model.rope_scaling: a longer context than the model was trained on (models/rope.py).
+
+    type: `none`, `linear` (position interpolation), `dynamic` (dynamic NTK) or `yarn`.
+    factor: how many times the trained length (max_position_embeddings) to reach.
+    original_max_position_embeddings: the trained length, when not the config's.
+    beta_fast, beta_slow: YaRN's ramp bounds in rotations (default 32 and 1).
+    """
+
+    type: str = "none"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in ("none", "linear", "dynamic", "yarn"):
+            raise ValueError(f"rope_scaling.type must be none, linear, dynamic or yarn, got {self.type!r}")
+        if self.factor < 1:
+            raise ValueError(f"rope_scaling.factor must be >= 1, got {self.factor}")
+
+
+@dataclass
 class ModelConfig:
     """Which policy to load.
 
@@ -60,11 +83,14 @@ class ModelConfig:
         HF model directory, or a hub id (needs network).
     dtype: `float32` or `bfloat16` (bf16 only makes sense on GPU).
     device: `auto` (cuda when available, else cpu), `cpu` or `cuda`.
+    rope_scaling: RoPE scaling for a longer context (RopeScalingConfig); applied on
+        load, so evaluation and training both see it.
     """
 
     name: str = "smollm2-135m"
     dtype: str = "float32"
     device: str = "auto"
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
 @dataclass

@@ -50,7 +50,9 @@ def evaluate(
     if recipe.eval.batch_size < 0:
         raise EvalInputError(f"eval.batch_size must be >= 0 (0 = rollout.batch_size), got {recipe.eval.batch_size}")
     if policy is None:
-        policy = load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
+        policy = load_policy(
+            recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
+        )
     spec = build_env(recipe, policy.tokenizer)
     if not spec.eval:
         raise EvalInputError(f"env.kind '{recipe.env.kind}': no evaluation tasks (the task file or generator gives none)")

@@ -63,11 +63,21 @@ def resolve_device(device: str = "auto") -> torch.device:
     return target
 
 
-def load_policy(name_or_path: str = EMBEDDED_NAME, dtype: str = "float32", device: str = "auto") -> Policy:
+def load_policy(
+    name_or_path: str = EMBEDDED_NAME, dtype: str = "float32", device: str = "auto", rope_scaling: Any = None
+) -> Policy:
     """Load a policy by name (`smollm2-135m`, `tiny`), a Hugging Face model directory,
     a ponder run, stage or checkpoint directory (its trained weights merged in; see
-    models.adapters), or a hub id."""
+    models.adapters), or a hub id. `rope_scaling` (the recipe's model.rope_scaling)
+    rescales its rotary embedding (models/rope.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if rope_scaling is not None and rope_scaling.type != "none":
+        from ponder.models.rope import apply_rope_scaling
+
+        policy = load_policy(name_or_path, dtype, device)
+        apply_rope_scaling(policy.model, rope_scaling)
+        return policy
 
     target = resolve_device(device)
     torch_dtype = _dtype(dtype)

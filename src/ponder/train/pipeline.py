@@ -136,7 +136,9 @@ def run_pipeline(
     ctx = Context(recipe, Path(out), say)
     ctx.out.mkdir(parents=True, exist_ok=True)
     _record_recipe(recipe, ctx.out)
-    policy = load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
+    policy = load_policy(
+        recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
+    )
     for name, dirname in stage_plan(recipe):
         stage_dir = ctx.out / dirname
         done = stage_dir / DONE

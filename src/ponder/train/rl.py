@@ -61,7 +61,9 @@ from ponder.types import Task, Trajectory
 def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
     """Load the policy and make its trainable part: LoRA adapters (initialised from
     train.seed, so two runs of a recipe start from the same weights), or every weight."""
-    policy = policy or load_policy(recipe.model.name, recipe.model.dtype, recipe.model.device)
+    policy = policy or load_policy(
+        recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
+    )
     if hasattr(policy.model, "peft_config"):  # already adapted (e.g. by the SFT warm-up)
         return policy
     if recipe.lora.enabled:
