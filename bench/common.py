@@ -54,6 +54,8 @@ class BenchConfig:
         as TRL does here). Smaller micro-batches bound the update's activation memory;
         docs/benchmarks.md reports the default, 4, and the peak memory with 2.
     warmup / steps: unmeasured then measured steps per system.
+    device / dtype: where both systems run (`cpu` float32 by default; `cuda`
+        bfloat16 on a GPU: the base weights in bf16 on both, LoRA weights float32).
     """
 
     workload: str = "single"
@@ -75,6 +77,8 @@ class BenchConfig:
     micro_batch: int = 4
     warmup: int = 1
     steps: int = 5
+    device: str = "cpu"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -147,6 +151,13 @@ def machine_info() -> dict[str, Any]:
 def peak_rss_mb() -> float:
     """This process's peak resident set size in MiB (ru_maxrss is KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def peak_gpu_mb() -> float:
+    """This process's peak CUDA memory allocated by torch in MiB (0 without a GPU)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else 0.0
 
 
 def median_spread(values: list[float]) -> tuple[float, float, float]:

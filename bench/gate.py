@@ -275,7 +275,7 @@ def _ponder_loss_and_grads(trainer: Any, batch: Any) -> tuple[float, dict[str, t
     denominator = aggregation_denominator(
         trainer.recipe.algo.aggregation, batch.loss_mask, trainer.loss_config()
     )
-    loss, _ = _micro_batch_loss(trainer, batch, denominator)
+    loss, _ = _micro_batch_loss(trainer.update_inputs(), batch, denominator)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     with torch.no_grad():

@@ -161,7 +161,8 @@ def run_pair(cfg: BenchConfig, log: Path, progress: bool) -> dict[str, Any]:
             if worker.proc.poll() is None:
                 worker.proc.kill()
     return {
-        s: {"steps": steps[s], "ready_rss_mb": ready[s]["peak_rss_mb"], "peak_rss_mb": done[s]["peak_rss_mb"]}
+        s: {"steps": steps[s], "ready_rss_mb": ready[s]["peak_rss_mb"], "peak_rss_mb": done[s]["peak_rss_mb"],
+            "peak_gpu_mb": done[s].get("peak_gpu_mb", 0.0)}
         for s in SYSTEMS
     }
 
@@ -183,10 +184,11 @@ def summarise(pair: dict[str, Any]) -> dict[str, Any]:
         values = {s: [step[key] for step in pair[s]["steps"]] for s in SYSTEMS}
         summary[key] = {s: median_spread(values[s]) for s in SYSTEMS}
         summary[key]["ratio"] = median_spread(paired_ratios(values["ponder"], values["trl"]))
-    rss = {s: pair[s]["peak_rss_mb"] for s in SYSTEMS}
-    summary["peak_rss_mb"] = {s: (rss[s], rss[s], rss[s]) for s in SYSTEMS}
-    ratio = rss["ponder"] / rss["trl"]
-    summary["peak_rss_mb"]["ratio"] = (ratio, ratio, ratio)
+    for key in ("peak_rss_mb", "peak_gpu_mb"):
+        peak = {s: pair[s][key] for s in SYSTEMS}
+        summary[key] = {s: (peak[s], peak[s], peak[s]) for s in SYSTEMS}
+        ratio = peak["ponder"] / peak["trl"] if peak["trl"] > 0 else float("nan")
+        summary[key]["ratio"] = (ratio, ratio, ratio)
     return summary
 
 
@@ -199,8 +201,11 @@ def table(summary: dict[str, Any], with_ratios: bool) -> str:
     """A markdown table: ponder, TRL and (if the gate passed) ponder/TRL columns."""
     head = "| metric | ponder | TRL |" + (" ponder/TRL |" if with_ratios else "")
     lines = [head, "|---|---|---|" + ("---|" if with_ratios else "")]
-    for label, key in ROWS + [("peak RSS (MiB)", "peak_rss_mb")]:
-        digits = 0 if key in ("completion_tokens", "peak_rss_mb") else 2
+    peaks = [("peak RSS (MiB)", "peak_rss_mb")]
+    if "peak_gpu_mb" in summary and summary["peak_gpu_mb"]["trl"][0] > 0:  # a GPU run
+        peaks.append(("peak GPU memory (MiB)", "peak_gpu_mb"))
+    for label, key in ROWS + peaks:
+        digits = 0 if key in ("completion_tokens", "peak_rss_mb", "peak_gpu_mb") else 2
         cells = [_cell(summary[key]["ponder"], digits), _cell(summary[key]["trl"], digits)]
         if with_ratios:
             cells.append(_cell(summary[key]["ratio"], 3))
@@ -214,6 +219,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workload", choices=("single", "tool", "both"), default="both")
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m, tiny or a local HF directory")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: both systems on the GPU (see --dtype)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the base weights' dtype on both sides (LoRA weights stay float32)")
+    parser.add_argument("--gate-model", default=None,
+                        help="the correctness gate's model (default --model; the gate runs in float64 on the "
+                             "CPU, so give `tiny` for a model too large for that)")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per system (after warm-up)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -269,6 +281,8 @@ def workload_config(args: argparse.Namespace, workload: str, model_dir: str) -> 
         micro_batch=args.micro_batch,
         warmup=args.warmup,
         steps=args.steps,
+        device=args.device,
+        dtype=args.dtype,
     )
 
 
@@ -284,8 +298,13 @@ def prepare_and_gate(args: argparse.Namespace, workloads: list[str], log: Path) 
     _, prepared = run_module("bench.prepare", prepare_args, args.threads, log)
     if prepared.get("sft"):
         print(f"tool workload checkpoint (SFT warm-up): {json.dumps(prepared['sft'])}", flush=True)
+    gate_model = prepared["base"]
+    if args.gate_model:
+        _, gated = run_module("bench.prepare", _flags(model=args.gate_model, seed=args.seed, threads=args.threads),
+                              args.threads, log)  # fmt: skip
+        gate_model = gated["base"]
     gate_args = _flags(
-        model=prepared["base"],
+        model=gate_model,
         loss_type=args.loss_type,
         beta=args.beta,
         temperature=args.temperature,

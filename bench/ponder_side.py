@@ -36,8 +36,8 @@ def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Reci
     aggregation = LOSS_TYPES[cfg.loss_type]
     overrides = [
         f"model.name={cfg.model}",
-        "model.dtype=float32",
-        "model.device=cpu",
+        f"model.dtype={cfg.dtype}",
+        f"model.device={cfg.device}",
         f"rollout.batch_size={cfg.batch_size}",
         f"rollout.group_size={cfg.group_size}",
         f"rollout.sampling.temperature={cfg.temperature}",
@@ -89,7 +89,7 @@ class PonderSide:
         from ponder.wiring import build_backend
 
         self.cfg = cfg
-        policy = load_policy(cfg.model, "float32", "cpu")
+        policy = load_policy(cfg.model, cfg.dtype, cfg.device)
         if cfg.workload == "tool":
             policy.tokenizer.chat_template = TOOL_TEMPLATE
         factory = EnvFactory(cfg.workload, policy.tokenizer, cfg.max_turns)

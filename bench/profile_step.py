@@ -63,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=4, help="ponder's episodes per forward/backward (0: all)")
     parser.add_argument("--steps", type=int, default=2, help="measured (profiled) steps after one warm-up step")
     parser.add_argument("--top", type=int, default=15, help="functions listed, by own time")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (base weights)")
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--torch-profile", action="store_true",
+                        help="torch.profiler instead of cProfile: operators by own CPU and GPU time")
     args = parser.parse_args(argv)
 
     import torch
@@ -77,11 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     rl.forward_pass_no_grad = memory.labelled("reference logprobs", rl.forward_pass_no_grad)
     rl.optimise = memory.labelled("update", rl.optimise)
     model = args.model if Path(args.model).is_dir() else str(base_model_dir(args.model))
-    cfg = BenchConfig(workload="single", model=model, threads=args.threads, micro_batch=args.micro_batch)
+    cfg = BenchConfig(workload="single", model=model, threads=args.threads, micro_batch=args.micro_batch,
+                      device=args.device, dtype=args.dtype, prompts_per_step=args.prompts_per_step,
+                      group_size=args.group_size, max_new_tokens=args.max_new_tokens)  # fmt: skip
     side = PonderSide(cfg)
-    side.engine.run = memory.labelled("generation", side.engine.run)  # type: ignore[method-assign]
+    rollouts = side.trainer.rollouts
+    rollouts.run = memory.labelled("generation", rollouts.run)  # type: ignore[method-assign]
     memory.phase = "step (other)"
     side.step()  # warm-up: builds the sampling copy, allocator pools
+    if args.torch_profile:
+        return _torch_profile(side, args)
     profile = cProfile.Profile()
     for _ in range(args.steps):
         profile.enable()
@@ -92,6 +104,28 @@ def main(argv: list[str] | None = None) -> int:
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
     print(text.getvalue())
+    return 0
+
+
+def _torch_profile(side: Any, args: argparse.Namespace) -> int:
+    """Operators of the measured steps' update by own CPU time and own GPU time."""
+    import ponder.train.rl as rl
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    optimise = rl.optimise
+
+    def profiled(*a: Any, **k: Any) -> Any:
+        with profile(activities=activities) as prof:
+            out = optimise(*a, **k)
+        for key in ["self_cpu_time_total"] + (["self_cuda_time_total"] if args.device == "cuda" else []):
+            print(prof.key_averages().table(sort_by=key, row_limit=args.top, max_name_column_width=48))
+        return out
+
+    rl.optimise = profiled
+    for _ in range(args.steps):
+        times = side.step()
+        print("step: " + ", ".join(f"{k} {v:.2f}" for k, v in times.items() if k.endswith("_s")), flush=True)
     return 0
 
 

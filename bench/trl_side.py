@@ -69,8 +69,8 @@ def trl_args(cfg: BenchConfig, output_dir: str, **overrides: Any) -> GRPOConfig:
         max_steps=cfg.warmup + cfg.steps,
         seed=cfg.seed,
         shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
+        use_cpu=cfg.device == "cpu",
+        bf16=cfg.dtype == "bfloat16",
         fp16=False,
         disable_dropout=True,
         gradient_checkpointing=False,
@@ -99,7 +99,7 @@ def lora_config(cfg: BenchConfig) -> LoraConfig:
 
 
 def load_model_and_tokenizer(cfg: BenchConfig) -> tuple[Any, Any]:
-    """fp32 model and tokenizer from cfg.model; the tool workload's ChatML template."""
+    """The model in cfg.dtype and its tokenizer from cfg.model; the tool workload's ChatML template."""
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     if tokenizer.pad_token_id is None:  # as ponder.models.loading does
         tokenizer.pad_token = tokenizer.eos_token
@@ -110,7 +110,8 @@ def load_model_and_tokenizer(cfg: BenchConfig) -> tuple[Any, Any]:
                 "TRL cannot parse tool calls"
             )
         tokenizer.chat_template = TOOL_TEMPLATE
-    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
+    model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation="sdpa")
     return model, tokenizer
 
 

@@ -80,7 +80,7 @@ def load_policy(
         return policy
 
     target = resolve_device(device)
-    torch_dtype = _dtype(dtype)
+    torch_dtype = resolve_dtype(dtype, target)
     if name_or_path == "tiny":
         from ponder.models.tiny import tiny_policy
 
@@ -104,7 +104,8 @@ def load_policy(
         path = name_or_path  # a hub id; needs network, transformers reports if it is missing
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        # SDPA: PyTorch's fused attention (flash / memory-efficient kernels on a GPU).
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load model '{name_or_path}': {str(err).splitlines()[0]}") from err
     _ensure_pad_token(tokenizer)
@@ -113,11 +114,26 @@ def load_policy(
     return Policy(model=model, tokenizer=tokenizer, name=name_or_path, device=target)
 
 
-def _dtype(name: str) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """model.dtype as a torch dtype; `auto` is bfloat16 on a GPU that computes in it
+    (half the memory and traffic, tensor-core matmuls), else float32 (the CPU decoder
+    and the fused CPU LoRA kernels are float32)."""
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
     options = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in options:
-        raise ModelLoadError(f"unknown dtype '{name}' (valid: {', '.join(options)})")
+        raise ModelLoadError(f"unknown dtype '{name}' (valid: auto, {', '.join(options)})")
     return options[name]
+
+
+def enable_gradient_checkpointing(policy: Policy) -> None:
+    """Recompute activations in backward (model.gradient_checkpointing). Non-reentrant
+    checkpointing, so frozen inputs (LoRA on a frozen base) still get gradients."""
+    model = policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"model.gradient_checkpointing: {type(model).__name__} does not support it")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _ensure_pad_token(tokenizer: Any) -> None:

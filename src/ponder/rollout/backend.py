@@ -82,7 +82,8 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.T
     at about a fourteenth of its cost on a 49k vocabulary on the 2-core CPU
     (bench/sampling.py). Zero-probability entries are never drawn."""
     cumulative = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cumulative.dtype) * cumulative[:, -1:]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cumulative.dtype, device=probs.device)
+    u = u * cumulative[:, -1:]
     index = torch.searchsorted(cumulative, u, right=True)
     overflow = index >= probs.shape[-1]
     if bool(overflow.any()):  # u rounded up to the total (vanishingly rare): the likeliest entry, never a zero one

@@ -98,11 +98,13 @@ class HFBackend:
         active = list(range(len(rows)))  # rows[active[j]] is batch row j
         while active:
             tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
+            # One device-to-host copy per step, not one per row (each is a GPU sync).
+            token_list, logprob_list = tokens.tolist(), logprobs.tolist()
             keep = []
             for j, row_index in enumerate(active):
                 row = rows[row_index]
-                row.token_ids.append(int(tokens[j]))
-                row.logprobs.append(float(logprobs[j]))
+                row.token_ids.append(token_list[j])
+                row.logprobs.append(logprob_list[j])
                 row.finish_reason = self._finish_reason(row, stop_strings)
                 if self.on_token is not None and self.on_token(row.request, row.token_ids) and not row.finish_reason:
                     row.finish_reason = "abort"

@@ -44,6 +44,14 @@ class TokenBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
+    def to(self, device: torch.device) -> TokenBatch:
+        """The same batch with every tensor on `device` (the model's: a GPU); itself
+        when they are there already."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TokenBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+
     def select(self, indices: list[int]) -> TokenBatch:
         """Rows `indices`, trimmed to their longest sequence (less padding to compute)."""
         index = torch.tensor(indices, dtype=torch.long)

@@ -37,11 +37,12 @@ from ponder.data import (
 from ponder.envs.base import EnvSpec, Opening, opening_of
 from ponder.eval.agent_metrics import agent_metrics
 from ponder.fileio import write_json_atomic, write_text_atomic
-from ponder.models import Policy, apply_lora, load_policy
+from ponder.models import Policy, load_policy
 from ponder.rewards import format_compliance
 from ponder.rewards.agent import AgentReward
 from ponder.models.adapters import load_adapter_weights, save_trained
 from ponder.train.progress import item_progress
+from ponder.train.rl import fresh_trainable
 from ponder.train.continual import EWCState, ReservoirBuffer
 from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, trajectory_example, with_group_size
 from ponder.train.selection import select_coreset
@@ -194,15 +195,6 @@ def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tupl
     if ctx.recipe.pipeline.eval_each:
         report["eval"] = evaluate_stage(ctx, merged, stage_dir)
     return merged, report
-
-
-def fresh_trainable(policy: Policy, recipe: PipelineRecipe) -> Policy:
-    """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off."""
-    if recipe.lora.enabled:
-        return apply_lora(policy, recipe.lora)
-    for parameter in policy.model.parameters():
-        parameter.requires_grad_(True)
-    return policy
 
 
 def merged_policy(policy: Policy, recipe: PipelineRecipe, stage_dir: Path) -> Policy:

@@ -38,6 +38,7 @@ from ponder.algos import (
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.config import Recipe, to_dict
 from ponder.models import Policy, apply_lora, load_policy
+from ponder.models.loading import enable_gradient_checkpointing
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine, RolloutStats
@@ -66,11 +67,19 @@ def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
     )
     if hasattr(policy.model, "peft_config"):  # already adapted (e.g. by the SFT warm-up)
         return policy
-    if recipe.lora.enabled:
-        torch.manual_seed(recipe.train.seed)
-        return apply_lora(policy, recipe.lora)
-    if recipe.algo.kl_coef > 0:
+    if not recipe.lora.enabled and recipe.algo.kl_coef > 0:
         raise ValueError("full fine-tuning keeps no reference copy: set algo.kl_coef=0 or lora.enabled=true")
+    torch.manual_seed(recipe.train.seed)
+    return fresh_trainable(policy, recipe)
+
+
+def fresh_trainable(policy: Policy, recipe: Any) -> Policy:
+    """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off;
+    gradient checkpointing when the recipe's model section asks for it."""
+    if recipe.model.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    if recipe.lora.enabled:
+        return apply_lora(policy, recipe.lora)
     for parameter in policy.model.parameters():
         parameter.requires_grad_(True)
     return policy
@@ -191,7 +200,7 @@ class RLTrainer:
         _seed_everything(recipe.train.seed)
         policy = prepare_policy(recipe, policy)
         spec = build_env(recipe, policy.tokenizer)
-        reward = reward or build_reward(recipe, spec)
+        reward = reward or build_reward(recipe, spec, policy)
         backend = build_backend(policy, recipe)
         tasks, val_tasks = split_validation(train_tasks(recipe, spec), recipe.train.val_tasks, recipe.train.seed)
         return cls(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)

@@ -104,7 +104,7 @@ def sft_train(
         tokens = float(batch.loss_mask.sum())
         total = 0.0
         for start in range(0, len(batch), micro_batch_size):
-            part = batch.select(list(range(start, min(start + micro_batch_size, len(batch)))))
+            part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
             logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
             loss = -(logprobs * part.loss_mask).sum() / tokens  # exact token mean across micro-batches
             loss.backward()

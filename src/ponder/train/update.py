@@ -68,13 +68,13 @@ def forward_pass_no_grad(
     out = torch.zeros_like(batch.old_logprobs)
     for start in range(0, len(batch), micro_batch_size):
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
-        part = batch.select(rows)
+        part = batch.select(rows).to(policy.device)
         with adapters_disabled(policy.model) if reference else contextlib.nullcontext():
             logprobs, _, values = forward_policy(
                 policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
             )
         result = values if value_head is not None and not reference else logprobs
-        out[rows, : result.shape[1]] = result
+        out[rows, : result.shape[1]] = result.to(out.device)
     return out
 
 
@@ -120,7 +120,7 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
     lengths = mini.attention_mask.sum(-1).tolist()
     rows = sorted(range(len(mini)), key=lambda i: lengths[i])
     for start in range(0, len(rows), algo.micro_batch_size):
-        part = mini.select(rows[start : start + algo.micro_batch_size])
+        part = mini.select(rows[start : start + algo.micro_batch_size]).to(inputs.policy.device)
         loss, part_stats = _micro_batch_loss(inputs, part, denominator)
         if not torch.isfinite(loss):
             inputs.optimizer.zero_grad(set_to_none=True)
