@@ -289,6 +289,39 @@ class JudgeConfig:
 
 
 @dataclass
+class JudgeConfig:
+    """An LLM-as-judge reward component `judge` (ponder.rewards.judge).
+
+    weight: its weight in the composite reward (0 = no judge).
+    url: an OpenAI-compatible API root serving the judge (`ponder serve`, vLLM),
+        e.g. http://127.0.0.1:8000/v1. model: the model name to ask for there.
+    api_key_env: the environment variable holding the API key ("" = none).
+    self_judge: the policy being trained judges its own episodes (self-rewarding;
+        no url). HACKABLE: the optimised model sets its own reward.
+    rubric: the pointwise prompt with {question} {response} {reference} {low} {high}
+        ("" = the built-in one, which asks for "Score: N").
+    scale_min / scale_max: the score scale; scores map onto [0, 1].
+    pairwise: judge the response against the task's reference in both orders
+        (position-bias control) instead of scoring it alone.
+    on_unparsable: `none` (the episode is unscorable, counted) or `error` (stop);
+        a reply with no score, two scores or one out of range is never a 0.
+    max_tokens: tokens the judge may write.
+    """
+
+    weight: float = 0.0
+    url: str = ""
+    model: str = "default"
+    api_key_env: str = ""
+    self_judge: bool = False
+    rubric: str = ""
+    scale_min: int = 1
+    scale_max: int = 10
+    pairwise: bool = False
+    on_unparsable: str = "none"
+    max_tokens: int = 64
+
+
+@dataclass
 class RewardConfig:
     """Weights of the composite reward (total = sum of weight x component).
 
@@ -302,6 +335,7 @@ class RewardConfig:
         A name here also overrides the environment's default weight for it.
     shaping: reward-hacking penalties (ShapingConfig).
     judge: an LLM-as-judge component `judge` (JudgeConfig).
+    judge: an LLM-as-judge component `judge` (JudgeConfig).
     em, f1, format and search_cost are search-QA's; other environments bring their
     own components and default weights.
     """
@@ -312,6 +346,7 @@ class RewardConfig:
     search_cost: float = -0.05
     terms: dict[str, float] = field(default_factory=dict)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 

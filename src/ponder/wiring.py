@@ -45,9 +45,54 @@ def served_tools(recipe: Recipe) -> dict[str, Any]:
     return {tool.name: tool for tool in mcp_tools(parse_server_specs(recipe.env.mcp_servers))}
 
 
-def build_reward(recipe: Recipe, spec: EnvSpec) -> CompositeReward:
-    """The environment's reward components at their default weights, updated by the recipe."""
-    return CompositeReward.from_config(recipe.reward, spec.rewards, spec.reward_weights)
+def build_reward(recipe: Recipe, spec: EnvSpec, policy: Policy | None = None) -> CompositeReward:
+    """The environment's reward components at their default weights, updated by the
+    recipe; with reward.judge.weight set, a `judge` component (served, or for
+    self_judge the `policy` itself)."""
+    judge = recipe.reward.judge
+    components = dict(spec.rewards)
+    if judge.weight != 0:
+        components["judge"] = build_judge(recipe, policy)
+    reward = CompositeReward.from_config(recipe.reward, components, spec.reward_weights)
+    if judge.weight != 0:
+        reward.weights["judge"] = judge.weight
+        reward.components["judge"] = components["judge"]
+    return reward
+
+
+def build_judge(recipe: Recipe, policy: Policy | None = None) -> Any:
+    """reward.judge as a JudgeReward: over the OpenAI API at judge.url, or (self_judge,
+    labelled hackable) generated greedily by `policy`."""
+    import os
+
+    from ponder.rewards.judge import JudgeReward, openai_completion
+
+    judge = recipe.reward.judge
+    if bool(judge.url) == judge.self_judge:
+        raise ValueError("reward.judge: set exactly one of url (a served judge) and self_judge (the policy)")
+    if judge.url:
+        key = os.environ.get(judge.api_key_env, "") if judge.api_key_env else ""
+        return JudgeReward(openai_completion(judge.url, judge.model, key, judge.max_tokens), judge)
+    return JudgeReward(policy_completion(policy, judge.max_tokens), judge, hackable=True)
+
+
+def policy_completion(policy: Policy | None, max_tokens: int) -> Any:
+    """`complete(messages) -> text` by `policy` (its chat template, greedy): the
+    self-judge. Without a policy (a recipe check) it fails when called, not before."""
+    import torch
+
+    def complete(messages: list[dict[str, str]]) -> str:
+        if policy is None:
+            raise RuntimeError("reward.judge.self_judge: no policy was given to judge with")
+        tokenizer = policy.tokenizer
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)], device=policy.device)
+        with torch.no_grad():
+            out = policy.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                        do_sample=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+    return complete
 
 
 def train_tasks(recipe: Recipe, spec: EnvSpec) -> list:

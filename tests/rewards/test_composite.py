@@ -96,4 +96,4 @@ def test_search_qa_components_are_registered_and_are_the_reward_config_fields():
     from ponder.rewards.composite import SEARCH_QA_COMPONENTS
 
     assert set(SEARCH_QA_COMPONENTS) <= set(REWARDS)
-    assert set(SEARCH_QA_COMPONENTS) | {"terms", "shaping"} == {f.name for f in dataclasses.fields(RewardConfig)}
+    assert set(SEARCH_QA_COMPONENTS) | {"terms", "shaping", "judge"} == {f.name for f in dataclasses.fields(RewardConfig)}

@@ -73,7 +73,7 @@ def evaluate(
         on_ready(len(tasks) * recipe.rollout.group_size)
     trajectories, stats = engine.run(tasks, on_episode_done)
     tasks_by_id = {task.id: task for task in tasks}
-    score_trajectories(trajectories, tasks_by_id, build_reward(recipe, spec))
+    score_trajectories(trajectories, tasks_by_id, build_reward(recipe, spec, policy))
     metrics = summarise(trajectories, tasks_by_id)
     metrics.update(
         {
