@@ -308,6 +308,63 @@ def _add_merge_command(commands: Any) -> None:
     merge.set_defaults(handler=cmd_merge)
 
 
+def cmd_needle(args: argparse.Namespace) -> int:
+    from ponder.config import RopeScalingConfig
+    from ponder.eval.needle import NeedleRun, accuracy_grid, run_needle
+    from ponder.fileio import write_json_atomic
+    from ponder.models.loading import load_policy
+
+    rope = RopeScalingConfig(type=args.rope, factor=args.factor)
+    policy = load_policy(args.model, "float32", args.device, rope)
+    run = NeedleRun(args.lengths, args.depths, args.per_cell, args.seed, args.finetune_steps,
+                    args.finetune_length, args.finetune_lr)  # fmt: skip
+    result = run_needle(policy, run, on_row=_print_needle_row)
+    trained = result.pop("policy")
+    for stage in ("before", "after"):
+        for length, by_depth in accuracy_grid(result.get(stage, [])).items():
+            cells = "  ".join(f"{d:.0%}:{a:.2f}" for d, a in by_depth.items())
+            print(f"{stage:6} {length:6} tokens  {cells}")
+    if args.out:
+        write_json_atomic(Path(args.out), {"model": args.model, "rope_scaling": vars(rope), **result})
+        print(f"wrote {args.out}")
+    if args.save_adapter and args.finetune_steps > 0:
+        from ponder.models.adapters import save_trained
+
+        print(f"wrote the long-context adapter to {save_trained(trained, args.save_adapter)}")
+    return 0
+
+
+def _print_needle_row(row: dict[str, Any]) -> None:
+    mark = "ok  " if row["correct"] else "MISS"
+    print(f"{row['stage']:6} {row['tokens']:6} tokens depth {row['depth']:.2f} {mark} {row['seconds']:6.1f}s "
+          f"{row['answer'][:30]!r}", flush=True)  # fmt: skip
+
+
+def _add_needle_command(commands: Any) -> None:
+    needle = commands.add_parser(
+        "needle", help="needle-in-a-haystack: find a fact hidden at several depths of a long document",
+        description="Hide 'The secret code of <name> is <number>.' at each depth of a synthetic document "
+        "of each length, ask for it at the end, and score exact match on the number (greedy). Lengths "
+        "like 1x,2x,4x are multiples of the model's trained context (max_position_embeddings). --rope "
+        "sets RoPE scaling; --finetune-steps N then LoRA-fine-tunes on N generated needle documents of "
+        "--finetune-length tokens and measures again.",
+    )
+    needle.add_argument("--model", default="smollm2-135m", help=MODEL_HELP)
+    needle.add_argument("--rope", default="none", choices=["none", "linear", "dynamic", "yarn"], help="RoPE scaling")
+    needle.add_argument("--factor", type=float, default=1.0, help="RoPE scaling factor (>= 1)")
+    needle.add_argument("--lengths", default="1x,2x,4x", help="token counts or multiples of the trained length")
+    needle.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent of the document")
+    needle.add_argument("--per-cell", type=int, default=1, help="documents per length and depth")
+    needle.add_argument("--seed", type=int, default=0, help="picks names, codes and filler")
+    needle.add_argument("--finetune-steps", type=int, default=0, help="long fine-tune steps (0: none)")
+    needle.add_argument("--finetune-length", default="2x", help="fine-tune document length")
+    needle.add_argument("--finetune-lr", type=float, default=1e-4, help="fine-tune learning rate")
+    needle.add_argument("--save-adapter", help="directory to save the fine-tuned LoRA adapter in")
+    needle.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    needle.add_argument("--out", help="JSON file for every case and the fine-tune's losses")
+    needle.set_defaults(handler=cmd_needle)
+
+
 def _add_reuse_flags(parser: argparse.ArgumentParser, resume: str) -> None:
     flags = parser.add_mutually_exclusive_group()
     flags.add_argument("--resume", action="store_true", help=resume)
@@ -411,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline_command(commands)
     _add_export_command(commands)
     _add_merge_command(commands)
+    _add_needle_command(commands)
     _add_report_command(commands)
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
@@ -428,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ponder.serve.cli import register as register_serve_command
 
     register_serve_command(commands)  # `serve`
+    from ponder.train.improve_cli import register as register_improve_command
+
+    register_improve_command(commands)  # `improve`
     return parser
 
 
