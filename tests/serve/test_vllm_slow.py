@@ -77,6 +77,10 @@ def test_plain_and_streamed_answers_come_from_vllm(served, client):
 
 def test_tool_call_round_trip_through_vllm(client):
     assert_tool_round_trip(client)
+    forced = client.chat.completions.create(model="weather", messages=[{"role": "user", "content": QUESTION}],
+                                            tools=[WEATHER_TOOL], tool_choice="required", temperature=0)  # fmt: skip
+    (call,) = forced.choices[0].message.tool_calls  # the call's opening was in the prompt, vLLM wrote the rest
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
 
 
 def test_base_and_two_adapters_answer_their_own_way_in_flight_together(client):

@@ -56,6 +56,8 @@ def register(commands: Any) -> None:
                        help="python of vLLM's venv, for the server started here (default: %(default)s)")
     serve.add_argument("--vllm-start-timeout", type=float, default=600.0,
                        help="seconds the vLLM server may take to come up (default: %(default)s)")
+    serve.add_argument("--vllm-timeout", type=float, default=300.0,
+                       help="seconds without a token from vLLM before a request gets 503 (default: %(default)s)")
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda (hf backend)")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -72,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
         batch_window_ms=args.batch_window_ms, retries=args.retries, device=args.device, seed=args.seed,
         backend=args.backend, vllm_url=args.vllm_url, vllm_python=args.vllm_python,
-        vllm_start_timeout_s=args.vllm_start_timeout,
+        vllm_start_timeout_s=args.vllm_start_timeout, vllm_timeout_s=args.vllm_timeout,
     )  # fmt: skip
     serve(config, log_level=args.log_level, say=lambda line: print(line, file=sys.stderr, flush=True))
     return 0
