@@ -576,6 +576,35 @@ class TrackingConfig:
 
 
 @dataclass
+class ImproveConfig:
+    """Rejection-sampling fine-tuning / STaR rounds (`ponder improve`, train/improve.py).
+
+    rounds: sample → keep verified → SFT (section `sft`: steps, batch_size, lr) → evaluate.
+    samples: answers sampled per training task each round (K, at rollout.sampling).
+    tasks: training tasks per round (the first of the training split; 0 = all).
+    rationalize: STaR's rationalisation: a task with no verified sample is retried
+        with its answer as a hint; a hinted answer that verifies is kept and trained
+        on without the hint.
+    hint: the hint appended to the question ({answer}: the first gold answer).
+    max_per_task: distinct verified responses kept per task.
+    drop_guesses: leave out verified responses whose work does not reach the answer
+        (rewards.hacking.answer_guessing): a hint invites writing the answer alone.
+    verified: the reward component that says an answer is right (1 = verified).
+    eval_episodes: held-out tasks evaluated (greedy) before the first and after each round.
+    """
+
+    rounds: int = 3
+    samples: int = 4
+    tasks: int = 64
+    rationalize: bool = True
+    hint: str = "(Hint: the answer is {answer}; show the steps that reach it.)"
+    max_per_task: int = 2
+    drop_guesses: bool = True
+    verified: str = "correct"
+    eval_episodes: int = 64
+
+
+@dataclass
 class Recipe:
     """A whole job: model, environment, retrieval, rollout, reward, evaluation, training."""
 
@@ -591,6 +620,7 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    improve: ImproveConfig = field(default_factory=ImproveConfig)
 
 
 @dataclass
