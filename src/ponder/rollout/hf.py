@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ponder.config import SamplingConfig
+from ponder.models.cpu_threads import decode_threads, torch_threads
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
@@ -88,10 +89,17 @@ class HFBackend:
             self._sampler = lean if lean is not None else _merged_copy(self.policy.model)
         return self._sampler
 
-    @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         if not requests:
             return []
+        if self.policy.device.type != "cpu":
+            return self._generate(requests, stop_strings)
+        # Fewer threads while other processes hold the cores (ponder.models.cpu_threads).
+        with torch_threads(decode_threads()):
+            return self._generate(requests, stop_strings)
+
+    @torch.no_grad()
+    def _generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         model = self.sampling_model()
         cache, logits, attention_mask, next_position = self._prefill(model, requests)
         rows = [_Row(r, [], []) for r in requests]
