@@ -45,6 +45,10 @@ def test_shown_steps_check_the_arithmetic():
                                                        ("3 + 4", "8", False)]  # fmt: skip
 
 
+def test_an_expression_on_the_right_is_no_claimed_result():
+    assert shown_steps("16 * 9 = 16 * 9. Then 12 * 3 = 33.") == [("12 * 3", 33, False)]
+
+
 def test_worked_answer_is_not_a_guess():
     worked = episode("<think>Total: 7 + 5 = 12.</think>\n<answer>12</answer>", answer="12")
     assert math_work(worked).values == {12}

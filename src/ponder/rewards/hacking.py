@@ -39,7 +39,9 @@ from ponder.types import Task, Trajectory
 
 # A shown step: an arithmetic expression with at least one operator, "=", a number.
 # "7x = 47 - 12 = 35" yields "47 - 12 = 35": "7x" holds a letter, so it is no expression.
-_STEP = re.compile(r"(?<![\w.])(\(?-?\d[\d.,]*\)?(?:\s*[-+*/×x÷]\s*\(?-?\d[\d.,]*\)?)+)\s*=\s*(-?\$?\d[\d,]*(?:\.\d+)?)")
+# A value followed by an operator is an expression ("16 * 9 = 16 * 9"): not a claimed result.
+_STEP = re.compile(r"(?<![\w.])(\(?-?\d[\d.,]*\)?(?:\s*[-+*/×x÷]\s*\(?-?\d[\d.,]*\)?)+)\s*=\s*"
+                   r"(-?\$?\d[\d,]*(?:\.\d+)?)(?![\d.,]*\s*[-+*/×x÷]\s*\(?\d)")
 _TAG = re.compile(r"<(think|answer|search|calculator|python)>(.*?)</\1>", re.DOTALL)
 _CONTENT = re.compile(r"[A-Za-z0-9]")
 _CALCULATOR_CALL = re.compile(r"<calculator>(.*?)</calculator>", re.DOTALL)
@@ -144,7 +146,8 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
     sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+    # a spread below rounding noise (rewards 1.1 written as 1.0999…) is no spread
+    return sxy / math.sqrt(sxx * syy) if sxx > 1e-12 and syy > 1e-12 else float("nan")
 
 
 def slope(values: Sequence[float]) -> float:

@@ -40,6 +40,12 @@ BEHAVIOUR_KEYS = (
     "episode/searches", "episode/turns", "episode/response_tokens",
     "collapse/tied_groups", "collapse/distinct_ratio",
 )
+# Reward-hacking rates (rewards/hacking.py), one panel each, in a figure of their own.
+HACKING_KEYS = (
+    "hacking/answer_guessing", "hacking/format_gaming", "hacking/repetition", "hacking/truncation_rate",
+    "hacking/length_reward_corr", "hacking/length_gaming", "hacking/judge_unverified_rate",
+    "hacking/judge_exploitation",
+)
 OPTIM_KEYS = (
     "loss/policy", "loss/value", "optim/grad_norm", "policy/entropy", "policy/kl", "policy/clip_fraction",
     "optim/lr",
@@ -144,6 +150,7 @@ def plot_metrics_dir(source: str | os.PathLike[str], out: str | os.PathLike[str]
         ("behaviour.png",
          lambda: _grid_figure(train, _present(train, BEHAVIOUR_KEYS), f"{title}: behaviour")),
         ("kinds.png", lambda: _grid_figure(train, _kind_keys(train), f"{title}: per task kind")),
+        ("hacking.png", lambda: _grid_figure(train, _present(train, HACKING_KEYS), f"{title}: reward hacking")),
         ("optim.png", lambda: _grid_figure(train, _present(train, OPTIM_KEYS), f"{title}: optimisation")),
         ("time.png", lambda: _time_figure(train, title)),
         ("sft.png", lambda: _panel_figure(train, SFT_PANELS, f"{title}: supervised fine-tuning")),
@@ -172,7 +179,7 @@ def _metrics_dirs(directory: Path, depth: int) -> list[Path]:
 
 def _other_keys(records: list[dict[str, Any]]) -> list[str]:
     """Logged keys that no figure of plot_metrics_dir draws, sorted."""
-    shown = {*BEHAVIOUR_KEYS, *OPTIM_KEYS, *TIME_KEYS, THROUGHPUT_KEY}
+    shown = {*BEHAVIOUR_KEYS, *OPTIM_KEYS, *TIME_KEYS, THROUGHPUT_KEY, *HACKING_KEYS}
     shown |= {key for panels in (SFT_PANELS, DPO_PANELS) for _, _, keys in panels for key in keys}
     prefixes = ("reward/", "kind/", *EVAL_PREFIXES)
     keys = {key for record in records for key in record if key not in RESERVED_KEYS}
