@@ -25,6 +25,11 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("lengths", "tokens per episode", ("episode/response_tokens", "episode/generated_tokens")),
     ("turns and tool use", "per episode", ("episode/turns", "episode/searches")),
     ("held-out / validation", "reward", ("eval/reward", "val/reward")),
+    ("reward hacking", "share of episodes", ("hacking/answer_guessing", "hacking/format_gaming",
+                                             "hacking/repetition", "hacking/truncation_rate",
+                                             "hacking/judge_unverified_rate")),
+    ("hacking trends", "correlation / flag", ("hacking/length_reward_corr", "hacking/length_gaming",
+                                              "hacking/judge_exploitation")),
     ("loss", "loss", ("loss/policy", "loss/value", "sft/loss", "sft/eval_loss", "dpo/loss")),
     ("gradient norm", "before clipping", ("optim/grad_norm", "sft/grad_norm", "dpo/grad_norm")),
 )
