@@ -222,6 +222,15 @@ class HackingMonitor:
         self.history: deque[dict[str, float]] = deque(maxlen=max(2, window))
         self.corr_threshold, self.truncation_threshold, self.min_slope = corr_threshold, truncation_threshold, min_slope
 
+    def state_dict(self) -> dict[str, Any]:
+        """The window's steps, kept in checkpoints: a resumed run's trend flags match
+        an uninterrupted one's."""
+        return {"history": [dict(h) for h in self.history]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history.clear()
+        self.history.extend(dict(h) for h in state.get("history", []))
+
     def observe(self, step_metrics: Mapping[str, float]) -> dict[str, float]:
         """Add one step's metrics; returns the trend flags (and slopes) for this step."""
         self.history.append(dict(step_metrics))

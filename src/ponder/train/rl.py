@@ -398,6 +398,7 @@ class RLTrainer:
                 "advantage_state": dict(self.advantage_state),
                 "kl": self.kl.state_dict(),
                 "best": self.best.state_dict(),
+                "hacking": self.hacking.state_dict(),
                 "rng": rng_state(),
                 "sampling_rng": self._pending_state["sampling_rng"] if self._pending else self.backend.generator.get_state(),
             },
@@ -427,6 +428,7 @@ class RLTrainer:
         self.advantage_state = dict(trainer["advantage_state"])
         self.kl.load_state_dict(trainer["kl"])
         self.best.load_state_dict(trainer.get("best", {}))
+        self.hacking.load_state_dict(trainer.get("hacking", {}))
         set_rng_state(trainer["rng"])
         self.backend.generator.set_state(trainer["sampling_rng"])
         self.backend.refresh()
