@@ -4,7 +4,7 @@ import pytest
 
 from ponder.config import RewardConfig
 from ponder.rewards import REWARDS, CompositeReward, score_trajectories
-from ponder.rewards.search import search_calls
+from ponder.rewards.search import search_calls, search_calls_if_correct
 from ponder.types import Task, ToolCall, Trajectory, Turn
 
 
@@ -22,6 +22,18 @@ def test_search_calls_counts_only_search():
     trajectory.turns[1].tool_calls.append(ToolCall("calculator", {"expr": "1+1"}))
     trajectory.turns[2].tool_calls.append(ToolCall("search", {"query": "again"}))
     assert search_calls(trajectory, Task(id="t", question="q", answers=["a"])) == 4.0
+
+
+def test_search_cost_if_correct_charges_right_answers_only():
+    task = Task(id="t", question="q", answers=["red barn"])
+    right, wrong = _episode(answer="the red barn", n_searches=2), _episode(answer="blue shed", n_searches=2)
+    assert search_calls_if_correct(right, task) == 2.0  # em 1: its two searches
+    assert search_calls_if_correct(wrong, task) == 0.0  # em 0: searching less would not pay
+    assert search_calls_if_correct(right, Task(id="t", question="q", answers=[])) is None  # no golds
+    reward = CompositeReward({"em": 1.0, "format": 0.1, "search_cost_if_correct": -0.1})
+    # right: 1 + 0.1 - 0.1*2 = 0.9; wrong: 0 + 0.1 - 0 = 0.1, whatever its searches
+    assert reward(right, task)[0] == pytest.approx(0.9)
+    assert reward(wrong, task)[0] == pytest.approx(reward(_episode(answer="blue shed", n_searches=0), task)[0])
 
 
 def test_total_is_hand_computed_weighted_sum():
