@@ -84,6 +84,19 @@ def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
     assert all(torch.equal(trained[name], sft[name]) for name in sft)
 
 
+def test_sft_from_with_another_reward_scores_the_warm_up_again(first, tmp_path):
+    """The same SFT weights, evaluated again under the new reward (never compared
+    with evaluations scored under the old one)."""
+    out, results = first
+    overrides = ["optim.lr=0", "reward.format=0.5"]
+    again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "fmt", say=lambda _: None, sft_from=out)
+    assert "eval:sft" in again["timing_s"] and "sft" not in again["timing_s"]  # evaluated, not trained
+    old, new = results["stages"]["sft"], again["stages"]["sft"]
+    assert new["components"]["format"] == pytest.approx(old["components"]["format"])  # same weights, same episodes
+    expected = old["reward"] + 0.4 * old["components"]["format"]  # format weight 0.1 -> 0.5
+    assert new["reward"] == pytest.approx(expected)
+
+
 def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
     out, _ = first
     recipe = load_recipe(None, TINY + ["env.max_turns=4"])

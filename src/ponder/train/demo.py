@@ -61,15 +61,18 @@ def run_demo(
         parts = [f"{key} {value:.3f}" for key, value in metrics.get("components", {}).items() if value == value]
         say(f"eval {name}: reward {metrics['reward']:.3f}  " + "  ".join(parts[:4]))
 
-    if previous is not None:
-        load_adapter_weights(policy.model, previous.weights)
+    if previous is not None and previous.stages:
         results["stages"].update(previous.stages)
-        results["sft_from"] = str(sft_from)
         _copy_evaluations(Path(sft_from), run_dir, previous.stages)
-    else:
+    else:  # a fresh run, or a reused warm-up scored with another reward: evaluate again
         held_out("oracle", oracle=True)
         held_out("base")
-    if recipe.sft.steps > 0 and previous is None:
+    if previous is not None:
+        load_adapter_weights(policy.model, previous.weights)
+        results["sft_from"] = str(sft_from)
+        if not previous.stages:
+            held_out("sft")
+    elif recipe.sft.steps > 0:
         with item_progress("SFT steps", recipe.sft.steps) as advance:
             stage("sft", lambda: warm_up(recipe, policy, run_dir / "sft", advance))
         held_out("sft")
@@ -99,13 +102,14 @@ def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> No
 @dataclass
 class _SFTRun:
     weights: Path  # the SFT stage's adapter directory
-    stages: dict[str, Any]
+    stages: dict[str, Any]  # its evaluations; empty when scored with another reward
 
 
 # Sections an RL variant may change when it reuses another run's warm-up (tracking
-# only says where metrics go), and single RL-only keys of other sections (evaluation
-# always samples one episode per task).
-RL_SECTIONS = ("algo", "optim", "train", "tracking")
+# only says where metrics go; a changed reward re-scores the warm-up: its evaluations
+# are run again), and single RL-only keys of other sections (evaluation always
+# samples one episode per task).
+RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
 RL_KEYS = {"rollout": ("group_size",)}
 
 
@@ -127,11 +131,13 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished demo run with an SFT stage")
     # through load_recipe: keys added to ponder since that run was saved take their defaults
-    theirs = _warm_up_settings(to_dict(load_recipe(run_dir / "recipe.yaml")))
-    ours = _warm_up_settings(to_dict(recipe))
+    saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
+    theirs, ours = _warm_up_settings(saved), _warm_up_settings(to_dict(recipe))
     for section in ours:
         if ours[section] != theirs.get(section):
             raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
+    if saved["reward"] != to_dict(recipe)["reward"]:
+        return _SFTRun(weights, {})  # its evaluations were scored with another reward
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
     return _SFTRun(weights, kept)
