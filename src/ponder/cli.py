@@ -155,7 +155,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                     warm_up(recipe, policy, run_dir / "sft", advance)
         elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
             load_adapter_weights(policy.model, run_dir / "sft")
-        trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
+        if args.ray and recipe.train.ray_learner:  # the learner is a Ray actor; this process orchestrates
+            learner = _ray_learner(args, recipe, policy, run_dir)
+        else:
+            trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
+    if args.ray and recipe.train.ray_learner:
+        return _train_ray_learner(learner, recipe, run_dir)
     start = trainer.resume() if args.resume else 0
     with contextlib.ExitStack() as stack:
         if args.ray:
@@ -169,6 +174,34 @@ def cmd_train(args: argparse.Namespace) -> int:
             trainer.train(on_step)
     stopped = " (stopped early; resume with --resume)" if trainer.step < recipe.train.steps else ""
     print(f"ponder train: step {trainer.step}{stopped}; metrics in {run_dir / 'metrics.jsonl'}")
+    return 0
+
+
+def _ray_learner(args: argparse.Namespace, recipe: Any, policy: Any, run_dir: Any) -> Any:
+    """The learner actor of `ponder train --ray` (train.ray_learner), built on the cluster;
+    it starts from the driver's weights when an SFT warm-up made them."""
+    from ponder.models.adapters import trainable_state
+    from ponder.train.ray_learner import RayLearner
+
+    start_state = trainable_state(policy.model) if recipe.sft.steps > 0 else None
+    address = None if args.ray == "local" else args.ray
+    return RayLearner(recipe, run_dir, address, start_state, resume=bool(args.resume))
+
+
+def _train_ray_learner(learner: Any, recipe: Any, run_dir: Any) -> int:
+    from ponder.train.progress import training_progress
+
+    cfg = recipe.train
+    with learner:
+        where = f"{'a GPU' if learner.gpus else 'a CPU'}; {cfg.ray_workers} rollout workers"
+        envs = f", {cfg.ray_env_workers} env workers" if cfg.ray_env_workers else ""
+        print(f"ponder train: learner on Ray ({where}{envs})")
+        algo = f"{recipe.algo.advantage}/{recipe.algo.loss}"
+        print(f"ponder train: {algo} from step {learner.start} to {cfg.steps} in {run_dir}")
+        with training_progress(cfg.steps, learner.start) as on_step:
+            step = learner.train(on_step)
+    stopped = " (stopped early; resume with --resume)" if step < cfg.steps else ""
+    print(f"ponder train: step {step}{stopped}; metrics in {run_dir / 'metrics.jsonl'}")
     return 0
 
 
@@ -315,7 +348,7 @@ def cmd_needle(args: argparse.Namespace) -> int:
     from ponder.models.loading import load_policy
 
     rope = RopeScalingConfig(type=args.rope, factor=args.factor)
-    policy = load_policy(args.model, "float32", args.device, rope)
+    policy = load_policy(args.model, args.dtype, args.device, rope)
     run = NeedleRun(args.lengths, args.depths, args.per_cell, args.seed, args.finetune_steps,
                     args.finetune_length, args.finetune_lr)  # fmt: skip
     result = run_needle(policy, run, on_row=_print_needle_row)
@@ -361,6 +394,7 @@ def _add_needle_command(commands: Any) -> None:
     needle.add_argument("--finetune-lr", type=float, default=1e-4, help="fine-tune learning rate")
     needle.add_argument("--save-adapter", help="directory to save the fine-tuned LoRA adapter in")
     needle.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    needle.add_argument("--dtype", default="float32", help="float32, bfloat16 (a GPU) or auto")
     needle.add_argument("--out", help="JSON file for every case and the fine-tune's losses")
     needle.set_defaults(handler=cmd_needle)
 
@@ -396,8 +430,9 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--allow-recipe-change", action="store_true",
                        help="with --resume: accept overrides beyond train.steps/save_every/eval_every")  # fmt: skip
     train.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                       help="roll out on train.ray_workers Ray actors (needs ponder[ray]); the learner stays "
-                       "here. No ADDRESS: a local cluster; else a cluster's HOST:PORT or 'auto'")  # fmt: skip
+                       help="roll out on train.ray_workers Ray actors (needs ponder[ray]), environments on "
+                       "train.ray_env_workers, the learner in an actor (train.ray_learner=false: here). "
+                       "No ADDRESS: a local cluster; else a cluster's HOST:PORT or 'auto'")  # fmt: skip
     train.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     train.set_defaults(handler=cmd_train)
 
