@@ -51,7 +51,7 @@ def write(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
 
 def test_loads_a_yaml_recipe(tmp_path):
     recipe = load_recipe(write(tmp_path, RECIPE))
-    assert recipe.model == ModelConfig(name="tiny", dtype="float32", device="cpu")
+    assert recipe.model == ModelConfig(name="tiny", dtype="auto", device="cpu")
     assert recipe.env.max_turns == 3
     assert recipe.env.taskgen == TaskGenConfig(seed=7, n_people=20)
     assert recipe.rollout == RolloutConfig(

@@ -289,39 +289,6 @@ class JudgeConfig:
 
 
 @dataclass
-class JudgeConfig:
-    """An LLM-as-judge reward component `judge` (ponder.rewards.judge).
-
-    weight: its weight in the composite reward (0 = no judge).
-    url: an OpenAI-compatible API root serving the judge (`ponder serve`, vLLM),
-        e.g. http://127.0.0.1:8000/v1. model: the model name to ask for there.
-    api_key_env: the environment variable holding the API key ("" = none).
-    self_judge: the policy being trained judges its own episodes (self-rewarding;
-        no url). HACKABLE: the optimised model sets its own reward.
-    rubric: the pointwise prompt with {question} {response} {reference} {low} {high}
-        ("" = the built-in one, which asks for "Score: N").
-    scale_min / scale_max: the score scale; scores map onto [0, 1].
-    pairwise: judge the response against the task's reference in both orders
-        (position-bias control) instead of scoring it alone.
-    on_unparsable: `none` (the episode is unscorable, counted) or `error` (stop);
-        a reply with no score, two scores or one out of range is never a 0.
-    max_tokens: tokens the judge may write.
-    """
-
-    weight: float = 0.0
-    url: str = ""
-    model: str = "default"
-    api_key_env: str = ""
-    self_judge: bool = False
-    rubric: str = ""
-    scale_min: int = 1
-    scale_max: int = 10
-    pairwise: bool = False
-    on_unparsable: str = "none"
-    max_tokens: int = 64
-
-
-@dataclass
 class RewardConfig:
     """Weights of the composite reward (total = sum of weight x component).
 
@@ -335,7 +302,6 @@ class RewardConfig:
         A name here also overrides the environment's default weight for it.
     shaping: reward-hacking penalties (ShapingConfig).
     judge: an LLM-as-judge component `judge` (JudgeConfig).
-    judge: an LLM-as-judge component `judge` (JudgeConfig).
     em, f1, format and search_cost are search-QA's; other environments bring their
     own components and default weights.
     """
@@ -346,7 +312,6 @@ class RewardConfig:
     search_cost: float = -0.05
     terms: dict[str, float] = field(default_factory=dict)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
@@ -505,6 +470,12 @@ class TrainConfig:
         stops at once (the last checkpoint resumes). 0 = wait for the step.
     ray_workers: rollout workers (Ray actors, one CPU each) when `ponder train --ray`
         runs the rollouts; each holds its own policy copy (ponder.train.distributed).
+    ray_env_workers: environment workers (Ray actors) that host the episodes'
+        environments and run their tools, with health checks and restart
+        (ponder.train.env_pool); 0 = the environments run inside the rollout workers.
+    ray_learner: under --ray, the learner (update, evaluation, checkpoints, metrics)
+        runs in a Ray actor, placed on a GPU when the model wants one; the driver
+        only orchestrates. false = the learner is the driver process.
     async_rollouts: sample step k+1's episodes while step k updates (from the weights
         before that update: one step off-policy, bounded by algo.max_staleness).
         false = exactly on-policy. A resumed async run samples its first step on-policy.
@@ -525,6 +496,8 @@ class TrainConfig:
     out: str = "runs/train"
     stop_grace_s: float = 10.0
     ray_workers: int = 2
+    ray_env_workers: int = 0
+    ray_learner: bool = True
     async_rollouts: bool = False
 
 
@@ -956,6 +929,7 @@ RANGES: dict[str, tuple[str, Any]] = {
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
         "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills", "tracking.samples_every",
         "tracking.samples", "train.val_tasks", "train.patience", "algo.max_staleness",
+        "train.ray_env_workers",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from ponder.config import ImproveConfig, load_recipe
-from ponder.envs.math_tasks import math_splits
 from ponder.train.improve import diversity, hinted, keep, pass_rates, run_improve
 from ponder.train.metrics_log import read_metrics
 from ponder.types import Task, Trajectory, Turn
