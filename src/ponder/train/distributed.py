@@ -58,25 +58,32 @@ class RayError(ValueError):
 
 class RolloutWorker:
     """One rollout worker (run as a Ray actor): its own policy, backend and
-    environment factory from the recipe; samples with the weights it is sent."""
+    environment factory from the recipe; samples with the weights it is sent.
+    With an `env_pool` (ponder.train.env_pool), its episodes' environments live in
+    the pool's env workers; `index` spreads the workers' episodes over them."""
 
-    def __init__(self, recipe: Recipe) -> None:
+    def __init__(self, recipe: Recipe, env_pool: Any = None, index: int = 0) -> None:
+        from ponder.train.env_pool import EnvPoolClient
         from ponder.train.rl import prepare_policy
         from ponder.wiring import build_backend, build_env
 
         self.policy = prepare_policy(recipe)
         self.policy.model.eval()
-        spec = build_env(recipe, self.policy.tokenizer)
+        self.envs = EnvPoolClient(env_pool, start=index) if env_pool is not None else None
+        factory = self.envs.factory if self.envs is not None else build_env(recipe, self.policy.tokenizer).factory
         self.backend = build_backend(self.policy, recipe)
-        self.engine = RolloutEngine(self.backend, spec.factory, recipe.rollout)
+        self.engine = RolloutEngine(self.backend, factory, recipe.rollout)
         self.version = -1
 
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, tasks: list[Task], weights: list[Any], version: int, seed: int) -> tuple[list[Trajectory], RolloutStats]:
+    def run(
+        self, tasks: list[Task], weights: list[Any], version: int, seed: int
+    ) -> tuple[list[Trajectory], RolloutStats, int]:
         """Roll out `tasks` with weights `version` (weights[0]: its object reference,
-        in a list so Ray fetches it only when this worker does not hold it yet)."""
+        in a list so Ray fetches it only when this worker does not hold it yet).
+        Also returns how many env workers it had replaced meanwhile."""
         import ray
 
         if version != self.version:
@@ -86,7 +93,14 @@ class RolloutWorker:
         elif self.backend.store is not None:
             self.backend.store.clear()  # the same start for a share whichever worker ran before
         self.backend.generator.manual_seed(seed)
-        return self.engine.run(tasks)
+        if self.envs is None:
+            return (*self.engine.run(tasks), 0)
+        restarts = self.envs.restarts
+        try:
+            trajectories, stats = self.engine.run(tasks)
+        finally:
+            self.envs.release_all()
+        return trajectories, stats, self.envs.restarts - restarts
 
 
 class RayRollouts:
@@ -104,9 +118,16 @@ class RayRollouts:
         count = recipe.train.ray_workers if workers is None else workers
         if count < 1:
             raise RayError(f"train.ray_workers must be >= 1, got {count}")
-        self.started_cluster = connect(address, count)
+        env_workers = recipe.train.ray_env_workers
+        self.started_cluster = connect(address, count + env_workers)
+        self.env_pool: Any = None
+        if env_workers > 0:
+            from ponder.train.env_pool import EnvPool
+
+            tokenizer = self.ray.put(policy.tokenizer)  # the env workers' builders cut observations with it
+            self.env_pool = self.ray.remote(num_cpus=0)(EnvPool).remote(recipe, tokenizer, env_workers)
         self._actor = self.ray.remote(num_cpus=1)(RolloutWorker)
-        self.workers = [self._actor.remote(recipe) for _ in range(count)]
+        self.workers = [self._new_worker(index) for index in range(count)]
         self.pids = self.ray.get([w.pid.remote() for w in self.workers])  # built (a bad recipe fails here)
         self.step, self.call, self.version = 0, 0, -1
         self._weights: Any = None
@@ -122,6 +143,10 @@ class RayRollouts:
         # beyond the slowest worker's own rollout (scheduling, transfers, loading weights)
         self.metrics = {"ray/workers": float(len(self.workers)), "ray/requeued": 0.0, "ray/worker_rollout_s": 0.0,
                         "ray/overhead_s": 0.0, "ray/weights_sync_s": time.perf_counter() - tick}  # fmt: skip
+        if self.env_pool is not None:  # health check; drops environments a killed rollout worker left
+            replaced = self.ray.get(self.env_pool.check.remote(clear=True))
+            self.metrics.update({"ray/env_workers": float(self.recipe.train.ray_env_workers),
+                                 "ray/env_restarts": float(replaced)})  # fmt: skip
 
     def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
         """Every task group_size times across the workers; trajectories in task order."""
@@ -150,6 +175,8 @@ class RayRollouts:
         slowest = max((p[1].wall_s for p in parts), default=0.0)
         for key, value in (("requeued", requeued), ("worker_rollout_s", slowest), ("overhead_s", wall_s - slowest)):
             self.metrics[f"ray/{key}"] += value
+        if self.env_pool is not None:
+            self.metrics["ray/env_restarts"] += sum(p[2] for p in parts)
         return [t for part in parts for t in part[0]], stats
 
     def step_metrics(self) -> dict[str, float]:
@@ -176,7 +203,7 @@ class RayRollouts:
                     raise RayError(f"ray: rollout workers keep dying ({requeued} re-queued shares); "
                                    f"last: {str(err).splitlines()[0]}") from None  # fmt: skip
                 self.ray.kill(self.workers[worker_index])  # already dead; makes sure of it
-                self.workers[worker_index] = self._actor.remote(self.recipe)
+                self.workers[worker_index] = self._new_worker(worker_index)
                 self.pids[worker_index] = -1  # unknown until asked; the new worker is busy
                 self._submit(share_index, worker_index, shares[share_index], call)
         return results, requeued
@@ -186,12 +213,19 @@ class RayRollouts:
             self.ray.cancel(ref, force=True)
         self.in_flight.clear()
 
+    def _new_worker(self, index: int) -> Any:
+        return self._actor.remote(self.recipe, self.env_pool, index)
+
     def close(self) -> None:
         """Stop the workers, and the local cluster when this object started it."""
         self._cancel()
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []
+        if self.env_pool is not None:
+            self.ray.get(self.env_pool.close.remote())
+            self.ray.kill(self.env_pool)
+            self.env_pool = None
         if self.started_cluster:
             self.ray.shutdown()
 

@@ -213,7 +213,10 @@ class RLTrainer:
         """Run until train.steps; returns the run directory. SIGINT/SIGTERM stop cleanly
         after the current step, with a checkpoint. on_step(step, metrics) after each step."""
         cfg = self.recipe.train
-        previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Only the main thread may set handlers; elsewhere (a Ray learner actor's thread)
+        # whoever runs this loop asks for a stop by setting stop_requested.
+        main = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
             # from step 0 too: lines a run killed before its first checkpoint logged go
             with self._metrics_log() as log:
