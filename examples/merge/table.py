@@ -17,12 +17,21 @@ TASKS = {"math": "correct", "fc": "bfcl", "qa": "em"}
 NAMES = {"math": "math", "fc": "function calling", "qa": "search-QA"}
 
 
-def score(directory: Path, component: str) -> tuple[float, float, int] | None:
+def per_task(directory: Path, component: str) -> dict[str, float] | None:
     file = directory / "trajectories.parquet"
     if not file.is_file():
         return None
-    rows = pq.read_table(file, columns=["breakdown"]).column("breakdown").to_pylist()
-    values = [dict(b)[component] if isinstance(b, dict) else {d["key"]: d["value"] for d in b}[component] for b in rows]
+    table = pq.read_table(file, columns=["task_id", "breakdown"])
+    rows = zip(table.column("task_id").to_pylist(), table.column("breakdown").to_pylist())
+    return {task: (b if isinstance(b, dict) else {d["key"]: d["value"] for d in b})[component] for task, b in rows}
+
+
+def score(directory: Path, component: str, only: set[str] | None = None) -> tuple[float, float, int] | None:
+    """Mean ± se over the evaluated tasks (`only`: the same tasks as another evaluation)."""
+    found = per_task(directory, component)
+    if found is None:
+        return None
+    values = [v for task, v in found.items() if only is None or task in only]
     n = len(values)
     mean = sum(values) / n
     se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
@@ -40,12 +49,16 @@ def main(root: Path) -> None:
     for method in methods:
         cells, fractions = [], []
         for task, comp in TASKS.items():
-            got, base = score(root / f"eval-{method}-{task}", comp), sources[task]
+            merged = per_task(root / f"eval-{method}-{task}", comp)
+            got = score(root / f"eval-{method}-{task}", comp)
+            # The source on the same held-out tasks (a merge evaluated on fewer episodes
+            # ran the first N of the same list).
+            base = score(root / f"eval-source-{task}", comp, set(merged)) if merged else None
             if got is None or base is None or base[0] == 0:
                 cells.append("—")
                 continue
             fractions.append(got[0] / base[0])
-            cells.append(f"{got[0]:.3f} ± {got[1]:.3f} ({fractions[-1]:.2f})")
+            cells.append(f"{got[0]:.3f} ± {got[1]:.3f} vs {base[0]:.3f} (n={got[2]}): {fractions[-1]:.2f}")
         low = f"{min(fractions):.2f}" if len(fractions) == len(TASKS) else "—"
         print(f"| {method} | " + " | ".join(cells) + f" | {low} |")
 
