@@ -454,6 +454,11 @@ class TrainConfig:
     tasks_per_step: tasks sampled per step (each rolled out rollout.group_size times).
     task_kinds: train only on these task kinds (empty = all).
     stratify: every batch interleaves the task kinds (see ponder.train.sampler).
+    curriculum: how a step's tasks are spread over the task kinds
+        (ponder.algos.curriculum): `none` (shuffled epochs, stratify applies) or
+        `informative` (more tasks of the kinds whose sampled groups still differ in
+        reward, i.e. carry a gradient; each kind keeps curriculum_floor of its uniform
+        share). curriculum_momentum: weight of the past in each kind's running rate.
     shuffle: false = tasks in list order, cycling (no shuffled epochs).
     seed: seeds python, numpy, torch and sampling.
     eval_every / eval_episodes: evaluation cadence and size (0 = never). With
@@ -485,6 +490,9 @@ class TrainConfig:
     tasks_per_step: int = 8
     task_kinds: list = field(default_factory=list)
     stratify: bool = False
+    curriculum: str = "none"
+    curriculum_floor: float = 0.25
+    curriculum_momentum: float = 0.5
     shuffle: bool = True
     seed: int = 0
     eval_every: int = 0
@@ -933,6 +941,8 @@ RANGES: dict[str, tuple[str, Any]] = {
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),
+    "train.curriculum_floor": _between(0, 1),
+    "train.curriculum_momentum": _between(0, 1),
     "algo.lam": _between(0, 1),
 }
 

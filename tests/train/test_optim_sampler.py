@@ -150,3 +150,43 @@ def test_unshuffled_sampler_takes_the_tasks_in_order():
     tasks = [Task(str(i), "q", ["a"]) for i in range(3)]
     sampler = TaskSampler(tasks, seed=1, shuffle=False)
     assert [t.id for t in sampler.next_batch(4)] == ["0", "1", "2", "0"]
+
+
+def _scored(tasks, rewards_by_kind, group_size=2):
+    from ponder.types import Trajectory
+
+    episodes = []
+    for task in tasks:
+        for sample, reward in zip(range(group_size), rewards_by_kind[task.kind]):
+            episodes.append(Trajectory(task_id=task.id, prompt_ids=[1], response_ids=[2], loss_mask=[1], old_logprobs=[0.0],
+                                       reward=reward, group_id=f"{task.id}/g"))  # fmt: skip
+    return episodes
+
+
+def test_curriculum_moves_tasks_to_the_kinds_with_signal_and_keeps_a_floor():
+    from ponder.train.sampler import CurriculumSampler
+
+    tasks = _kinded({"a": 10, "b": 10, "c": 10})
+    sampler = CurriculumSampler(tasks, seed=0, curriculum="informative", floor=0.25, momentum=0.0)
+    first = sampler.next_batch(6)
+    assert sorted(t.kind for t in first) == ["a", "a", "b", "b", "c", "c"]  # no signal seen yet: uniform
+    # kind a's groups differ in reward, b's and c's are all equal (no gradient)
+    metrics = sampler.observe(first, _scored(first, {"a": [1.0, 0.0], "b": [1.0, 1.0], "c": [0.0, 0.0]}))
+    assert metrics["curriculum/a/signal"] == 1.0 and metrics["curriculum/b/signal"] == 0.0
+    # shares: 0.25/3 + 0.75 for a, 0.25/3 for b and c -> 12 slots: 10, 1, 1
+    assert metrics["curriculum/a/share"] == pytest.approx(0.25 / 3 + 0.75)
+    second = [t.kind for t in sampler.next_batch(12)]
+    assert (second.count("a"), second.count("b"), second.count("c")) == (10, 1, 1)
+
+
+def test_curriculum_sampler_state_continues_the_same_sequence():
+    from ponder.train.sampler import CurriculumSampler
+
+    tasks = _kinded({"a": 5, "b": 7})
+    first = CurriculumSampler(tasks, 3, "informative", 0.5, 0.5)
+    batch = first.next_batch(4)
+    first.observe(batch, _scored(batch, {"a": [1.0, 0.0], "b": [0.0, 0.0]}))
+    state = first.state_dict()
+    second = CurriculumSampler(tasks, 3, "informative", 0.5, 0.5)
+    second.load_state_dict(state)
+    assert [t.id for t in first.next_batch(9)] == [t.id for t in second.next_batch(9)]

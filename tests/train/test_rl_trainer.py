@@ -542,3 +542,24 @@ def test_dynamic_sampling_replaces_groups_without_signal(tmp_path):
         RLTrainer.from_recipe(recipe("algo.group_filter=dapo"), tmp_path / "x", reward=low_id_share)
     trainer.train()  # a whole step runs with the filter on
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+
+
+def test_curriculum_run_logs_its_shares_and_resumes_bit_identical(tmp_path):
+    """train.curriculum=informative: every step logs each kind's signal and share, and
+    a run stopped after 2 steps and resumed matches a straight 3-step run."""
+    overrides = ("train.curriculum=informative", "train.curriculum_momentum=0.0", "train.steps=3")
+    straight = tmp_path / "straight"
+    RLTrainer.from_recipe(resume_recipe(*overrides), straight, reward=low_id_share).train()
+    records = read_metrics(straight)
+    kinds = sorted({key.split("/")[1] for key in records[0] if key.startswith("curriculum/")})
+    assert len(kinds) >= 2
+    for record in records:
+        assert sum(record[f"curriculum/{kind}/share"] for kind in kinds) == pytest.approx(1.0)
+    RLTrainer.from_recipe(resume_recipe(*overrides, "train.steps=2"), tmp_path / "resumed", reward=low_id_share).train()
+    trainer = RLTrainer.from_recipe(resume_recipe(*overrides), tmp_path / "resumed", reward=low_id_share)
+    assert trainer.resume() == 2
+    trainer.train()
+    expected, got = _comparable(records), _comparable(read_metrics(tmp_path / "resumed"))
+    assert got[3] == expected[3]
+    with pytest.raises(ValueError, match="unknown curriculum 'hard_first'"):
+        RLTrainer.from_recipe(recipe("train.curriculum=hard_first"), tmp_path / "x", reward=low_id_share)

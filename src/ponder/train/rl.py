@@ -35,6 +35,7 @@ from ponder.algos import (
     kl_estimate,
     kl_penalty_rewards,
 )
+from ponder.algos.curriculum import CURRICULA
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.config import Recipe, to_dict
 from ponder.models import Policy, apply_lora, load_policy
@@ -50,7 +51,7 @@ from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.rewards.hacking import HackingMonitor
 from ponder.train.rl_metrics import episode_metrics, episode_table, hacking_step_metrics
-from ponder.train.sampler import TaskSampler
+from ponder.train.sampler import build_sampler
 from ponder.train.tracking import check_trackers
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.optim import NonFiniteError
@@ -163,7 +164,7 @@ class RLTrainer:
         self.recipe, self.run_dir = recipe, Path(run_dir)
         check_recipe(recipe)
         cfg = recipe.train
-        self.sampler = TaskSampler(tasks, cfg.seed, cfg.stratify, cfg.shuffle)
+        self.sampler = build_sampler(tasks, cfg)
         self.policy, self.backend, self.reward = policy, backend, reward
         self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
         self.best = BestSoFar(cfg.patience)
@@ -466,6 +467,7 @@ class RLTrainer:
                 trajectories, part = self.rollouts.run(fresh)
             score_trajectories(trajectories, {t.id: t for t in fresh}, self.reward)
             _check_rewards(trajectories, self.step + 1)
+            curriculum = self.sampler.observe(fresh, trajectories)
             for trajectory in trajectories:  # a task drawn again in a refill is a group of its own
                 trajectory.group_id = f"{trajectory.group_id}#{rollout}" if rollout else trajectory.group_id
             tasks += fresh
@@ -477,7 +479,7 @@ class RLTrainer:
             if want == 0:
                 break
         sampled = {"sampling/kept_groups": float(len({t.group_id for t in kept})), "sampling/rollouts": rollout + 1.0,
-                   "policy/staleness": staleness}  # fmt: skip
+                   "policy/staleness": staleness, **curriculum}  # fmt: skip
         return tasks, kept or trajectories, stats, sampled  # nothing kept: the last rollout (no signal)
 
     def _request_stop(self, signum: int, frame: Any) -> None:
@@ -508,6 +510,7 @@ def check_recipe(recipe: Recipe) -> None:
     AGGREGATIONS.get(recipe.algo.aggregation)
     KL_ESTIMATORS.get(recipe.algo.kl_estimator)
     GROUP_FILTERS.get(recipe.algo.group_filter)
+    CURRICULA.get(recipe.train.curriculum)
     check_trackers(recipe.tracking.trackers)
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
