@@ -16,11 +16,13 @@ from typing import Any
 
 from ponder.envs.base import EnvContext, EnvSpec, Opening, register_env
 from ponder.envs.math_tasks import CALCULATOR_FROM_LEVEL, LEVELS, math_splits
+from ponder.envs.math_variants import VARIANTS, lure_taken, variant_tasks
 from ponder.rewards.math import answer_format, calculator_calls, correct
+from ponder.rewards.process import process, process_rewards
 from ponder.tools import ToolRegistry, run_tool_step
 from ponder.tools.builtin import calculator
 from ponder.tools.parsers import SearchR1Parser
-from ponder.types import Task
+from ponder.types import Task, Turn
 
 WITH_CALCULATOR = (
     "Solve the math problem. Think step by step in <think></think>. To compute, write "
@@ -34,8 +36,12 @@ WITHOUT_CALCULATOR = (
 # Correctness is the reward; the small format bonus keeps answers in the tag that
 # ends generation. Calculator calls are counted but free by default: the reference
 # solver uses it on levels 3-4, and a cost would put the ceiling below 1 + format.
-REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1, "calc_cost": 0.0}
-OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "calculator_from", "max_turns")
+# The process reward (PRM, ponder.rewards.process) is off (ORM alone) but logged, so
+# an outcome-only run can be compared with one that pays for it; lure_taken (the answer
+# is the bait or distractor number of an adversarial task) is only ever logged.
+REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1, "calc_cost": 0.0, "process": 0.0, "lure_taken": 0.0}
+OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "calculator_from", "max_turns",
+           "variant")  # fmt: skip
 
 
 def math_parser(calculator_on: bool) -> SearchR1Parser:
@@ -61,6 +67,9 @@ class MathEnv:
     calculator_on: bool = True
     max_turns: int = 3
     calculator_tool: Any = None  # a calculator served from elsewhere (MCP); None = the built-in
+    # Each turn's reward is process_weight x its process score (reward.terms.process):
+    # the turn-level advantage reads it there. 0 = no per-turn reward (outcome only).
+    process_weight: float = 0.0
 
     def __post_init__(self) -> None:
         self.parser = math_parser(self.calculator_on)
@@ -68,21 +77,27 @@ class MathEnv:
         tool = self.calculator_tool or calculator
         self.registry = ToolRegistry([tool] if self.calculator_on else [])
         self.turn_index = 0
+        self.turns: list[Turn] = []
 
     def reset(self, task: Task) -> Opening:
         self.turn_index = 0
+        self.turns = []
         return Opening(build_messages(task, self.calculator_on), self.registry.specs())
 
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
         outcome = run_tool_step(action, self.parser, self.registry)
         turn = outcome.turn(self.turn_index, action)
         self.turn_index += 1
+        self.turns.append(turn)
+        info: dict[str, Any] = {"turn": turn}
+        if self.process_weight:  # the episode's turns so far: a turn may use earlier calculator results
+            info["reward"] = self.process_weight * process_rewards(self.turns)[-1]
         if outcome.parse.answer is not None:
-            return None, True, {"turn": turn, "stop_reason": "answer"}
+            return None, True, {**info, "stop_reason": "answer"}
         if self.turn_index >= self.max_turns:
-            return None, True, {"turn": turn, "stop_reason": "max_turns"}
+            return None, True, {**info, "stop_reason": "max_turns"}
         turn.observation = outcome.observation
-        return outcome.observation, False, {"turn": turn}
+        return outcome.observation, False, info
 
 
 def math_options(options: dict[str, Any], default_max_turns: int = 3) -> dict[str, Any]:
@@ -92,7 +107,10 @@ def math_options(options: dict[str, Any], default_max_turns: int = 3) -> dict[st
         raise ValueError(f"env.options for math: unknown {unknown}; valid: {', '.join(OPTIONS)}")
     merged = {"seed": 0, "n_train": 512, "n_eval": 128, "difficulties": list(LEVELS), "mix": None,
               "calculator": True, "calculator_from": CALCULATOR_FROM_LEVEL, "max_turns": default_max_turns,
-              **options}  # fmt: skip
+              "variant": "none", **options}  # fmt: skip
+    if merged["variant"] not in VARIANTS:
+        raise ValueError(f"env.options.variant for math: want one of {', '.join(VARIANTS)}, "
+                         f"got {merged['variant']!r}")  # fmt: skip
     for key in ("n_train", "n_eval", "max_turns", "calculator_from"):
         if not isinstance(merged[key], int) or merged[key] < (1 if key == "max_turns" else 0):
             raise ValueError(f"env.options.{key} for math: want a whole number >= {int(key == 'max_turns')}, "
@@ -118,21 +136,35 @@ def build_math(ctx: EnvContext) -> EnvSpec:
       calculator_from: the level from which the reference solver (the SFT teacher)
         hands its last step to the calculator (3; 1 = on every problem).
       max_turns: actions per episode (the recipe's env.max_turns).
+      variant: the evaluation split as it is (`none`) or its adversarial twin
+        (ponder.envs.math_variants): `ood` (rephrased in templates and words training
+        never uses), `distractor` (an irrelevant number added), `bait` (a wrong
+        "the answer is probably N" added). The same held-out problems and answers;
+        the training split never changes.
     A `calculator` from env.mcp_servers (taking `expression`) replaces the built-in one.
     Reward components: correct (1 / 0, exact), format (the answer as one number in
-    `<answer>`, no protocol errors) and calc_cost (calculator calls); default
-    weights 1.0, 0.1 and 0.0, changed with reward.terms."""
+    `<answer>`, no protocol errors), calc_cost (calculator calls), process (the
+    per-turn process scores summed, ponder.rewards.process) and lure_taken (1 when the
+    answer is the task's bait or distractor number; none on other tasks); default
+    weights 1.0, 0.1, 0.0, 0.0 and 0.0, changed with reward.terms. A nonzero
+    `process` weight also makes each turn's reward weight x its score, for
+    `algo.advantage: turn` (outcome + process = PRM; weight 0 = ORM)."""
     default_turns = ctx.recipe.env.max_turns if ctx.recipe is not None else 3
     options = math_options(dict(ctx.options), default_turns)
-    train, evaluation = math_splits(
-        options["seed"], options["n_train"], options["n_eval"], options["difficulties"], options["mix"],
-        options["calculator"], options["calculator_from"],
-    )  # fmt: skip
+    seed, levels, mix = options["seed"], options["difficulties"], options["mix"]
+    solver = (options["calculator"], options["calculator_from"])
+    train, evaluation = math_splits(seed, options["n_train"], options["n_eval"], levels, mix, *solver)
+    if options["variant"] != "none":  # the same held-out problems, made adversarial
+        evaluation = variant_tasks(options["variant"], seed, options["n_eval"], levels, mix, *solver)
     calculator_on, max_turns = bool(options["calculator"]), options["max_turns"]
     served = ctx.served_tool("calculator") if calculator_on else None
     if served is not None and "expression" not in served.spec.parameters.get("properties", {}):
         raise ValueError("env.mcp_servers: the served 'calculator' takes no `expression` argument, "
                          "which <calculator>…</calculator> fills")  # fmt: skip
-    rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls}
-    factory = lambda: MathEnv(calculator_on, max_turns, served)  # a fresh episode per call
+    rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls, "process": process,
+               "lure_taken": lure_taken}  # fmt: skip
+    # the per-turn rewards must add up to what the composite charges for `process`
+    terms = dict(ctx.recipe.reward.terms) if ctx.recipe is not None else {}
+    process_weight = float(terms.get("process", REWARD_WEIGHTS["process"]))
+    factory = lambda: MathEnv(calculator_on, max_turns, served, process_weight)  # a fresh episode per call
     return EnvSpec(factory, train, evaluation, rewards, dict(REWARD_WEIGHTS))
