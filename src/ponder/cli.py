@@ -524,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ponder.train.improve_cli import register as register_improve_command
 
     register_improve_command(commands)  # `improve`
+    from ponder.personal.cli import register as register_personal_command
+
+    register_personal_command(commands)  # `personal`
     return parser
 
 

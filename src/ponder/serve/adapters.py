@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import replace
@@ -125,13 +126,46 @@ class _PeftSampler:
 
 class AdapterBackend(HFBackend):
     """The `hf` backend sampling from the adapter in `self.adapter` (see module docstring).
-    One thread drives it (the server's batcher): `adapter` and `sampling` are set per batch."""
+    One thread drives it (the server's batcher): `adapter` and `sampling` are set per batch.
+
+    `aliases` maps a name jobs use to the PEFT adapter it stands for at the moment (a
+    user's `@alice` -> `user:alice@v2`), resolved when a batch starts, so an adapter can
+    be swapped for a new version between two batches without touching queued jobs.
+    `add_adapter` / `remove_adapter` change the PEFT model: callers hold the batcher's
+    lock, so no batch runs meanwhile."""
 
     def __init__(self, policy: Policy, seed: int = 0, cached_samplers: int = 3) -> None:
         super().__init__(policy, SamplingConfig(temperature=0.0), seed=seed, reuse_kv=False)
         self.adapter: str | None = None
+        self.aliases: dict[str, str] = {}
         self.cached_samplers = max(1, cached_samplers)
         self._samplers: OrderedDict[str | None, Any] = OrderedDict()
+
+    def resolve(self, name: str | None) -> str | None:
+        """The PEFT adapter a job's adapter name stands for now (None: the base)."""
+        return None if name is None else self.aliases.get(name, name)
+
+    def add_adapter(self, name: str, directory: str | Path) -> None:
+        """Load the PEFT adapter in `directory` under `name` (caller holds the batcher's lock)."""
+        from peft import PeftModel
+
+        model = self.policy.model
+        if is_lora(model):
+            model.load_adapter(str(directory), adapter_name=name)
+        else:
+            model = PeftModel.from_pretrained(model, str(directory), adapter_name=name)
+            self.policy = replace(self.policy, model=model)
+            # samplers built before were built on the bare model, whose layers now carry LoRA
+            self._samplers.clear()
+        model.eval()
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload adapter `name` and its cached sampler (caller holds the batcher's lock)."""
+        with warnings.catch_warnings():
+            # PEFT warns when the adapter it last activated goes; batches activate their own
+            warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
+            self.policy.model.delete_adapter(name)
+        self._samplers.pop(name, None)
 
     def sampling_model(self) -> Any:
         if self.adapter in self._samplers:

@@ -1,4 +1,5 @@
-"""The HTTP layer: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`.
+"""The HTTP layer: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`
+(and, with --users, the per-user adapter endpoints of serve/user_routes.py).
 
 Requests are read and checked here (size, JSON, fields, model name, API key) and
 every refusal is OpenAI's error body (serve/errors.py). Generation happens on the
@@ -22,7 +23,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -41,6 +42,7 @@ from ponder.serve.protocol import (
     parse_request,
     stop_list,
 )
+from ponder.serve.user_routes import add_user_routes
 
 DONE = "data: [DONE]\n\n"
 
@@ -132,6 +134,7 @@ def create_app(server: ModelServer) -> FastAPI:
         body = parse_request(await read_json(request, config.max_body_bytes), CompletionRequest)
         return await text_completion(server, body)
 
+    add_user_routes(app, server, lambda request: _authorize(request, config.api_key), read_json)
     return app
 
 
@@ -151,8 +154,18 @@ def _check_choices(server: ModelServer, count: int, stream: bool) -> None:
 # --- chat ----------------------------------------------------------------------------
 
 
+def _personal_user(server: ModelServer, request: ChatRequest) -> str | None:
+    """The user whose adapter answers (and who is logged): only with --users and the base model."""
+    if request.user is None or server.users is None or request.model != server.base_name:
+        return None
+    return request.user
+
+
 async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResponse | StreamingResponse:
     adapter = server.adapter_for(request.model)
+    user = _personal_user(server, request)
+    if user is not None:
+        adapter = await asyncio.to_thread(server.users.route, user)
     _check_choices(server, request.n, request.stream)
     plan = plan_chat(request)
     prompt_ids = server.encode_chat(plan.messages, plan.prefill)
@@ -163,28 +176,37 @@ async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResp
         return Job(prompt_ids, budget, adapter, request.temperature, request.top_p, stops, on_text)
 
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
+
+    async def log(text: str, result: JobResult) -> None:
+        """A user's chat is an interaction (id = the completion's id), recorded before the
+        reply is sent, so feedback on it can follow at once. With n > 1, the first choice."""
+        if user is not None:
+            await asyncio.to_thread(server.users.log, user, plan.messages, text, result.adapter, meta["id"])
+
     usage_wanted = bool(request.stream_options and request.stream_options.include_usage)
     if request.stream and not (plan.forced or plan.json_mode):
-        events = _stream_chat(server, job, plan, stops, meta, len(prompt_ids), usage_wanted)
+        events = _stream_chat(server, job, plan, stops, meta, len(prompt_ids), usage_wanted, log)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     attempts = 1 + (server.config.retries if request.temperature > 0 and (plan.forced or plan.json_mode) else 0)
     results = await asyncio.gather(*[_chat_choice(server, job, plan, stops, attempts) for _ in range(request.n)])
-    used = sum(tokens for _, _, tokens in results)
+    used = sum(tokens for _, _, tokens, _ in results)
+    await log(*results[0][3])
     if request.stream:
-        reply, finish, _ = results[0]
+        reply, finish, _, _ = results[0]
         events = _replay_chat(reply, finish, meta, _usage(len(prompt_ids), used) if usage_wanted else None)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     choices = [{"index": i, "message": _message(reply), "logprobs": None, "finish_reason": finish}
-               for i, (reply, finish, _) in enumerate(results)]  # fmt: skip
+               for i, (reply, finish, _, _) in enumerate(results)]  # fmt: skip
     body = {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(len(prompt_ids), used)}
     return JSONResponse(body)
 
 
 async def _chat_choice(
     server: ModelServer, job: Callable[[], Job], plan: ChatPlan, stops: list[str], attempts: int
-) -> tuple[ChatReply, str, int]:
-    """One choice: (reply, finish_reason, tokens generated over all attempts); a reply that
-    misses a forced tool call or the response_format is retried, then refused (422)."""
+) -> tuple[ChatReply, str, int, tuple[str, JobResult]]:
+    """One choice: (reply, finish_reason, tokens generated over all attempts, (the text the
+    model wrote, its result)); a reply that misses a forced tool call or the
+    response_format is retried, then refused (422)."""
     used = 0
     for _ in range(attempts):
         result = await server.generate(job())
@@ -192,7 +214,8 @@ async def _chat_choice(
         text, _ = cut_at_stop(result.text, stops)
         reply = read_reply(plan.prefill + text, plan)
         if reply.problem is None:
-            return reply, "tool_calls" if reply.tool_calls else result.finish_reason, used
+            finish = "tool_calls" if reply.tool_calls else result.finish_reason
+            return reply, finish, used, (plan.prefill + text, result)
     what, code = ("a valid tool call", "tool_choice_unmet") if plan.forced else ("JSON that fits response_format",
                                                                                   "response_format_unmet")  # fmt: skip
     tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
@@ -260,7 +283,7 @@ class _LiveText:
 
 async def _stream_chat(
     server: ModelServer, make_job: Callable[..., Job], plan: ChatPlan, stops: list[str], meta: dict[str, Any],
-    prompt_tokens: int, usage_wanted: bool,
+    prompt_tokens: int, usage_wanted: bool, log: Callable[[str, JobResult], Awaitable[None]],
 ) -> AsyncIterator[str]:  # fmt: skip
     live = _LiveText(server, make_job, stops + ([TOOL_OPEN] if plan.tools else []))
     try:
@@ -275,6 +298,7 @@ async def _stream_chat(
             return
         text, _ = cut_at_stop(result.text, stops)
         reply = read_reply(text, plan)
+        await log(text, result)
         rest = text[live.sent : text.find(TOOL_OPEN)] if reply.tool_calls else text[live.sent :]
         if rest.strip() or (rest and not reply.tool_calls):
             yield _chat_chunk(meta, {"content": rest})

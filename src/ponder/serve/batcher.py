@@ -61,18 +61,21 @@ class Job:
 
 @dataclass
 class JobResult:
-    """finish_reason: `stop` (end of turn or a stop string), `length`, or `abort`."""
+    """finish_reason: `stop` (end of turn or a stop string), `length`, or `abort`.
+    adapter: the PEFT adapter that generated it (the job's name resolved; None: the base)."""
 
     token_ids: list[int]
     text: str
     finish_reason: str
     stopped: bool
+    adapter: str | None = None
 
 
 class Batcher:
     """The worker thread and its queue (see module docstring). `start()`, `submit(job)`,
     `stop()`; `batch_sizes` lists the size of every batch run and `cancelled` counts jobs
-    dropped or ended early because their client left, for tests and logs."""
+    dropped or ended early because their client left, for tests and logs. `lock` is held
+    while a batch generates: whoever changes the model's adapters takes it first."""
 
     def __init__(self, backend: AdapterBackend, window_s: float = 0.005, max_batch: int = 32) -> None:
         self.backend = backend
@@ -83,6 +86,7 @@ class Batcher:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting: deque[Job] = deque()
         self._running: dict[str, Job] = {}
+        self.lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ponder-serve-batcher", daemon=True)
         backend.on_token = self._observe
 
@@ -135,23 +139,25 @@ class Batcher:
 
     def _generate(self, batch: list[Job]) -> None:
         first = batch[0]
-        self.backend.adapter = first.adapter
-        self.backend.sampling = dataclasses.replace(self.backend.sampling, temperature=first.temperature,
-                                                    top_p=first.top_p)  # fmt: skip
         requests = [GenerationRequest(job.key, job.context_ids, job.max_new_tokens) for job in batch]
-        self._running = {job.key: job for job in batch}
-        try:
-            generations = self.backend.generate(requests, [])
-        except Exception as exc:  # one bad batch must not end the worker: its requests get the error
-            logger.exception("generation failed")
-            for job in batch:
-                job.future.set_exception(exc)
-            return
-        finally:
-            self._running = {}
+        with self.lock:
+            adapter = self.backend.resolve(first.adapter)
+            self.backend.adapter = adapter
+            self.backend.sampling = dataclasses.replace(self.backend.sampling, temperature=first.temperature,
+                                                        top_p=first.top_p)  # fmt: skip
+            self._running = {job.key: job for job in batch}
+            try:
+                generations = self.backend.generate(requests, [])
+            except Exception as exc:  # one bad batch must not end the worker: its requests get the error
+                logger.exception("generation failed")
+                for job in batch:
+                    job.future.set_exception(exc)
+                return
+            finally:
+                self._running = {}
         self.batch_sizes.append(len(batch))
         for job, generation in zip(batch, generations):
-            job.future.set_result(self._result(job, generation))
+            job.future.set_result(dataclasses.replace(self._result(job, generation), adapter=adapter))
 
     def _observe(self, request: GenerationRequest, token_ids: list[int]) -> bool:
         """The backend's per-token hook (see module docstring); True ends the row."""

@@ -25,6 +25,13 @@ vllm-venv`, started here for the base model with every adapter loaded, or
 picks vllm when --vllm-url is given, or when --vllm-python exists and vLLM can
 load --model (not `tiny`, not a run dir with merged adapters); else hf. Prompts,
 tools, response_format and stop strings are handled by ponder for both.
+
+Per-user adapters (--users DIR, hf backend): a chat on the base model with OpenAI's
+`user` field is answered with that user's adapter and logged; POST /v1/feedback
+rates it (rating 1 | -1, rewrite, correction, outcome), POST /v1/users/{user}/update
+trains the user's next adapter version by DPO on a background thread and serves it
+without a restart, GET /v1/users/{user} shows versions and the update's status,
+POST /v1/users/{user}/rollback {version} goes back. See docs/results-personal.md.
 """
 
 
@@ -58,6 +65,10 @@ def register(commands: Any) -> None:
                        help="seconds the vLLM server may take to come up (default: %(default)s)")
     serve.add_argument("--vllm-timeout", type=float, default=300.0,
                        help="seconds without a token from vLLM before a request gets 503 (default: %(default)s)")
+    serve.add_argument("--users", metavar="DIR",
+                       help="keep per-user adapters in DIR (created when missing): chats with a `user` field "
+                            "on the base model use that user's adapter, are logged and learn from feedback "
+                            "(hf backend only)")
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda (hf backend)")
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -74,7 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
         batch_window_ms=args.batch_window_ms, retries=args.retries, device=args.device, seed=args.seed,
         backend=args.backend, vllm_url=args.vllm_url, vllm_python=args.vllm_python,
-        vllm_start_timeout_s=args.vllm_start_timeout, vllm_timeout_s=args.vllm_timeout,
+        vllm_start_timeout_s=args.vllm_start_timeout, vllm_timeout_s=args.vllm_timeout, users=args.users,
     )  # fmt: skip
     serve(config, log_level=args.log_level, say=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ponder.models.base_hash import base_model_hash
 from ponder.models.loading import EMBEDDED_NAME, Policy, load_policy
+from ponder.personal.config import PersonalConfig
 from ponder.serve.adapters import AdapterBackend, attach_adapters, find_adapter
 from ponder.serve.batcher import Batcher, Job, JobResult
 from ponder.serve.errors import APIError, bad_request
@@ -53,6 +55,10 @@ class ServeConfig:
     vllm_python: the python of vLLM's own venv (`make vllm-venv`).
     vllm_start_timeout_s: how long a vLLM server started here may take to come up.
     vllm_timeout_s: the longest wait for a vLLM server's next token (then 503).
+    users: a per-user adapter store (personal/store.py; created when missing): chats with
+        OpenAI's `user` field on the base model are answered with that user's adapter,
+        logged, and learn from feedback (serve/users.py). hf backend only.
+    personal: the settings of an update of a user's adapter (a request may override them).
     """
 
     model: str = EMBEDDED_NAME
@@ -75,6 +81,8 @@ class ServeConfig:
     vllm_python: str = ".venv-vllm/bin/python"
     vllm_start_timeout_s: float = 600.0
     vllm_timeout_s: float = 300.0
+    users: str | None = None
+    personal: PersonalConfig = field(default_factory=PersonalConfig)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_limit", "max_body_bytes", "max_choices", "max_batch_size", "cached_samplers"):
@@ -94,6 +102,9 @@ class ServeConfig:
             raise ValueError("--vllm-url is for --backend vllm (or auto), not hf")
         if self.vllm_start_timeout_s <= 0 or self.vllm_timeout_s <= 0:
             raise ValueError("vllm_start_timeout_s and vllm_timeout_s must be > 0")
+        if self.users is not None and (self.backend == "vllm" or self.vllm_url):
+            raise ValueError("--users needs --backend hf: per-user adapters are trained in this process and "
+                             "swapped into its own model, which a vLLM server does not share")  # fmt: skip
 
 
 def api_key_from_env() -> str | None:
@@ -106,6 +117,8 @@ def resolve_backend(config: ServeConfig) -> str:
 
     if config.backend != "auto":
         return config.backend
+    if config.users is not None:
+        return "hf"
     if config.vllm_url:
         return "vllm"
     if not Path(config.vllm_python).is_file():
@@ -135,8 +148,9 @@ class ModelServer:
     """The base model with its adapters behind one Generator (see module docstring)."""
 
     def __init__(self, config: ServeConfig, generator: Generator, tokenizer: Any, context_limit: int,
-                 backend: str) -> None:  # fmt: skip
+                 backend: str, users: Any = None) -> None:  # fmt: skip
         self.config = config
+        self.users = users  # serve/users.py's UserAdapters with --users, else None
         self.created = int(time.time())
         self.base_name = config.model
         self.adapter_names = list(config.adapters)
@@ -157,14 +171,26 @@ class ModelServer:
 
             vllm = VLLMGenerator.connect(config, found)
             return cls(config, vllm, vllm.tokenizer, vllm.context_limit, "vllm")
-        policy = attach_adapters(load_policy(config.model, config.dtype, config.device), found)
+        policy = load_policy(config.model, config.dtype, config.device)
+        base_hash = base_model_hash(policy.model) if config.users is not None else ""  # before any adapter is attached
+        policy = attach_adapters(policy, found)
         backend = AdapterBackend(policy, seed=config.seed, cached_samplers=config.cached_samplers)
         batcher = Batcher(backend, config.batch_window_ms / 1000, config.max_batch_size)
         batcher.start()
+        users = None
+        if config.users is not None:
+            from ponder.personal.store import AdapterStore
+            from ponder.serve.users import UserAdapters
+
+            users = UserAdapters(AdapterStore(config.users), backend, batcher.lock,
+                                 lambda: load_policy(config.model, config.dtype, config.device), config.personal,
+                                 base_hash)  # fmt: skip
         context_limit = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
-        return cls(config, batcher, policy.tokenizer, context_limit, "hf")
+        return cls(config, batcher, policy.tokenizer, context_limit, "hf", users)
 
     def close(self) -> None:
+        if self.users is not None:
+            self.users.stop()
         self.generator.stop()
 
     def health(self) -> str | None:

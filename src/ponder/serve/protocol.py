@@ -1,7 +1,9 @@
 """The request bodies the server accepts, as pydantic models of OpenAI's API.
 
-Fields ponder does not act on (`user`, `seed`, `frequency_penalty` …) are accepted
-and ignored, as other OpenAI-compatible servers do, so stock clients work unchanged;
+`user` picks that user's adapter when the server keeps per-user adapters (--users,
+serve/users.py) and is otherwise ignored. Fields ponder does not act on (`seed`,
+`frequency_penalty` …) are accepted and ignored, as other OpenAI-compatible servers
+do, so stock clients work unchanged;
 `logprobs` and non-text content parts are refused (400) rather than silently dropped.
 `parse_request` turns a decoded JSON body into a model or an APIError whose message
 names the first offending field.
@@ -103,6 +105,7 @@ class ChatRequest(_Sampling):
     tools: list[ToolDef] | None = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
     response_format: ResponseFormat | None = None
+    user: str | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -26,6 +26,7 @@ def serve(config: ServeConfig, log_level: str = "info", say: Callable[[str], Non
     model_server = ModelServer.load(config)
     names = ", ".join([config.model, *config.adapters])
     keyed = "; API key required" if config.api_key else ""
+    keyed += f"; per-user adapters in {config.users}" if config.users else ""
     say(f"serving {names} on http://{config.host}:{config.port}/v1 (backend {model_server.backend}){keyed}")
     try:
         build_server(model_server, log_level).run()

@@ -1,0 +1,67 @@
+"""`PersonalConfig`: how a user's adapter is updated from their feedback.
+
+It lives here rather than in ponder/config.py because no recipe names it: `ponder
+personal update` takes it from flags, `ponder serve --users` from ServeConfig and from
+the body of POST /v1/users/{user}/update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+LOSSES = ("sigmoid", "hinge", "ipo")
+
+
+@dataclass(frozen=True)
+class PersonalConfig:
+    """One update of a user's adapter (personal/learn.py).
+
+    steps: DPO optimizer steps per update.
+    batch_size: preference pairs per step (a user's few pairs are cycled, reshuffled
+        each pass). micro_batch_size: pairs per forward pass (memory, not the result).
+    lr: peak learning rate (AdamW, cosine decay to 0, no warm-up).
+    beta: DPO's inverse temperature, the strength of the KL anchor: the reference is the
+        base with adapters disabled, so a larger beta keeps the user's model closer to
+        the base for the same preference margin.
+    loss: preference loss, `sigmoid` (DPO), `hinge` or `ipo` (algos/dpo.py).
+    lora_r / lora_alpha: rank and scale of a user's first adapter (all linear layers);
+        later updates continue the current adapter, whatever its rank.
+    min_pairs: fewer preference pairs than this and the update is refused.
+    max_tokens: pairs whose prompt + response is longer (in tokens) are left out.
+    seed: the fresh adapter's initialisation and the order pairs are drawn in.
+    """
+
+    steps: int = 20
+    batch_size: int = 8
+    micro_batch_size: int = 4
+    lr: float = 5e-4
+    beta: float = 0.1
+    loss: str = "sigmoid"
+    lora_r: int = 8
+    lora_alpha: int = 16
+    min_pairs: int = 1
+    max_tokens: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "micro_batch_size", "lora_r", "lora_alpha", "min_pairs", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("lr", "beta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss {self.loss!r}: use one of {', '.join(LOSSES)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    def with_overrides(self, overrides: dict[str, Any]) -> PersonalConfig:
+        """A copy with `overrides` applied; ValueError naming an unknown or bad field."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown update setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return replace(self, **overrides)

@@ -1,0 +1,76 @@
+"""Shared pieces of the per-user adapter tests: PEFT adapter directories on the tiny
+model (random non-zero LoRA B matrices, so each changes the model's output) and the
+tiny base's hash."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ponder.config import LoraConfig
+from ponder.models import apply_lora, tiny_policy
+from ponder.models.base_hash import base_model_hash
+
+
+def random_lora(seed: int, scale: float = 0.3):
+    torch.manual_seed(seed)  # PEFT draws the A matrices from the global generator
+    policy = apply_lora(tiny_policy(), LoraConfig(r=4, alpha=8))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    return policy
+
+
+def lora_state(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(directory / "adapter_model.safetensors")
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Two PEFT adapter directories (`one`, `two`) for the tiny model."""
+    root = tmp_path_factory.mktemp("peft")
+    dirs = {}
+    for name, seed in (("one", 1), ("two", 2)):
+        random_lora(seed).model.save_pretrained(root / name)
+        dirs[name] = root / name
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_hash() -> str:
+    return base_model_hash(tiny_policy().model)
+
+
+@contextlib.contextmanager
+def running_server(config):
+    """`config` served by uvicorn from a background thread on a free loopback port; yields
+    (API root URL, the ModelServer)."""
+    from ponder.serve import ModelServer, build_server
+
+    model_server = ModelServer.load(config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = build_server(model_server, log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", model_server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+        model_server.close()
