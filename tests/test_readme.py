@@ -47,6 +47,14 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder export runs/grpo --out runs/grpo-hf --merge": [],
     "ponder serve --adapter grpo=runs/grpo --port 8000": (
         SKIP, "serves until stopped: tests/serve/test_cli.py runs it (with an adapter) on a free port"),
+    "ponder serve --users runs/users --port 8000": (
+        SKIP, "serves until stopped: tests/personal/test_serve_users.py serves two users over HTTP on 127.0.0.1"),
+    "ponder personal list --users runs/users": (
+        SKIP, "needs a store with users: tests/personal/test_cli.py lists, updates and rolls back one"),
+    "ponder improve --recipe recipes/math.yaml --sft-from runs/math --rounds 3 --out runs/rft": (
+        SKIP, "needs a math warm-up: tests/train/test_improve.py runs whole rounds on the tiny model"),
+    "ponder merge examples/merge/ties.yaml": (
+        SKIP, "merges trained runs: tests/models/test_merge.py merges tiny-model adapters and full weights"),
     "ponder mcp-serve --tools calculator,python": (
         SKIP, "serves until stopped: tests/tools/mcp/test_mcp.py runs it over stdio and HTTP"),
     "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo-ray --ray": (
