@@ -4,12 +4,12 @@ replays scripted replies, for testing the HTTP policy end to end."""
 import contextlib
 import json
 import socket
-import threading
-import time
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..uvicorn_thread import loopback_socket, serving
 
 
 def create_app(replies, requests):
@@ -63,22 +63,11 @@ def _sse(content, calls, usage):
 def running(replies):
     """Serve scripted replies on a free loopback port; yield (base_url, received requests)."""
     requests = []
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(replies, requests), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    try:
+    with serving(server, sock, timeout_s=10, must_stop=False):
         yield f"http://127.0.0.1:{port}/v1", requests
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def closed_port_url():

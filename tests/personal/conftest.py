@@ -5,9 +5,6 @@ tiny base's hash."""
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,8 @@ import torch
 from ponder.config import LoraConfig
 from ponder.models import apply_lora, tiny_policy
 from ponder.models.base_hash import base_model_hash
+
+from ..uvicorn_thread import loopback_socket, serving
 
 
 def random_lora(seed: int, scale: float = 0.3):
@@ -58,19 +57,8 @@ def running_server(config):
     from ponder.serve import ModelServer, build_server
 
     model_server = ModelServer.load(config)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = build_server(model_server, log_level="warning")
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1", model_server
+        with serving(build_server(model_server, log_level="warning"), loopback_socket(), must_stop=False) as port:
+            yield f"http://127.0.0.1:{port}/v1", model_server
     finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
         model_server.close()

@@ -16,6 +16,8 @@ from ponder.tools.retrieval import (
 )
 from ponder.tools.retrieval.server import ServerLimits, build_server
 
+from ..uvicorn_thread import loopback_socket, serving
+
 DOCS = [
     Document("quellin", "Zorvath Quellin\nZorvath Quellin keeps the lighthouse on the isle of Brimmerhold."),
     Document("fenwick", "Marisol Fenwick\nMarisol Fenwick painted the ceiling of the Ostravenne cathedral."),
@@ -27,25 +29,11 @@ DOCS = [
 @contextlib.contextmanager
 def running_server(retriever, topk=3, limits=None):
     """Serve `retriever` from a background thread on a free loopback port; yield its URL."""
-    # Binding port 0 ourselves and handing the socket to uvicorn avoids racing another
-    # process for a port number picked in advance.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     port = sock.getsockname()[1]
     server = build_server(retriever, host="127.0.0.1", port=port, topk=topk, log_level="warning", limits=limits)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    try:
+    with serving(server, sock, timeout_s=10):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-        assert not thread.is_alive(), "uvicorn did not shut down"
 
 
 def closed_port():

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +28,8 @@ from ponder.serve import ModelServer, ServeConfig, build_server
 from ponder.serve.chat import plan_chat
 from ponder.serve.protocol import ChatRequest
 from ponder.train.checkpoint import save_checkpoint
+
+from ..uvicorn_thread import loopback_socket, serving
 
 API_KEY = "test-key"
 WEATHER_TOOL = {
@@ -148,24 +147,11 @@ class Running:
 def running_server(config: ServeConfig):
     """`config` served from a background thread on a free loopback port."""
     model_server = ModelServer.load(config)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = build_server(model_server, log_level="warning")
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
     try:
-        yield Running(f"http://127.0.0.1:{port}/v1", model_server)
+        with serving(build_server(model_server, log_level="warning"), loopback_socket()) as port:
+            yield Running(f"http://127.0.0.1:{port}/v1", model_server)
     finally:
-        server.should_exit = True
-        thread.join(timeout=20)
-        sock.close()
         model_server.close()
-        assert not thread.is_alive(), "uvicorn did not shut down"
 
 
 @pytest.fixture(scope="module")
