@@ -34,18 +34,19 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, target)
         # Makes the rename itself durable; some file systems refuse to open or
         # fsync a directory, and the file's data is safe either way.
         with contextlib.suppress(OSError):
-            _fsync(target.parent)
+            fsync_path(target.parent)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def _fsync(path: str | os.PathLike[str]) -> None:
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or a directory (a directory: so a rename into it survives a power cut)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

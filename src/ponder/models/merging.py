@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ponder.config import ConfigError, from_dict, load_recipe, to_dict
+from ponder.fileio import fsync_path
 from ponder.models.adapters import MANIFEST, find_trained, read_manifest
 from ponder.models.loading import Policy, load_policy
 from ponder.models.merge import METHODS, merge_deltas
@@ -132,7 +133,7 @@ def run_merge(config: MergeConfig, sources: list[MergeSource], source_file: str,
         if out.exists():
             shutil.rmtree(out)
         os.replace(staging, out)
-        _fsync_dir(out.parent)
+        fsync_path(out.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out
@@ -220,12 +221,5 @@ def _fsync_tree(directory: Path) -> None:
         if path.is_file():
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
-    _fsync_dir(directory)
+    fsync_path(directory)
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

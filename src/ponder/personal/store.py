@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ponder.fileio import fsync_path
+
 # The files of PEFT's adapter layout (models/adapters.py has the same constant; it
 # is repeated here because that module imports torch).
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -131,13 +133,6 @@ def _pause(stage: str) -> None:
         time.sleep(600)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 class AdapterStore:
     """The store in `root` (created when missing); see the module docstring. Every method
@@ -196,13 +191,13 @@ class AdapterStore:
             _pause("staging")
             for name in ADAPTER_FILES:
                 shutil.copyfile(source / name, staging / name)
-                _fsync(staging / name)
+                fsync_path(staging / name)
                 _pause(f"copied {name}")
-            _fsync(staging)
+            fsync_path(staging)
             user_dir = self._user_dir(user)
             final = user_dir / f"v{self._next_version(user)}-{secrets.token_hex(4)}"
             os.rename(staging, final)
-            _fsync(user_dir)
+            fsync_path(user_dir)
             _pause("renamed")
             record = (base_hash, time.time(), steps, feedback, pairs, parent_version)
             version = self._commit_version(user, final, record)
@@ -218,7 +213,7 @@ class AdapterStore:
         user_dir = self.root / "adapters" / check_user(user)
         if not user_dir.is_dir():
             user_dir.mkdir()
-            _fsync(user_dir.parent)
+            fsync_path(user_dir.parent)
         return user_dir
 
     def _next_version(self, user: str) -> int:
@@ -235,7 +230,7 @@ class AdapterStore:
             if not directory.name.startswith(f"v{version}-"):  # another writer took the number
                 renamed = directory.with_name(f"v{version}-{directory.name.split('-', 1)[1]}")
                 os.rename(directory, renamed)
-                _fsync(directory.parent)
+                fsync_path(directory.parent)
                 directory = renamed
             conn.execute("INSERT INTO adapters VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (user, version, *record[:5], str(directory.relative_to(self.root)), record[5]))
