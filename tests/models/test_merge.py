@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from ponder.cli import main
-from ponder.config import LoraConfig
-from ponder.models import apply_lora, tiny_policy
 from ponder.models.adapters import load_trained, save_trained
 from ponder.models.loading import load_policy
 from ponder.models.merge import dare, dare_drop, linear, merge_deltas, ties, trim
+
+from ..tiny_lora import random_lora
 
 
 def test_linear_is_the_weighted_sum_and_normalised_the_weighted_mean():
@@ -80,14 +80,7 @@ def test_unknown_method_is_refused():
 
 
 def _adapter(tmp_path: Path, seed: int) -> Path:
-    torch.manual_seed(seed)
-    policy = apply_lora(tiny_policy(), LoraConfig(r=4, alpha=8))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return save_trained(policy, tmp_path / f"adapter{seed}")
+    return save_trained(random_lora(seed), tmp_path / f"adapter{seed}")
 
 
 def _config(tmp_path: Path, method: str, sources: list[Path], merge_on: str = "full", **params) -> Path:

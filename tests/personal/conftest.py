@@ -10,22 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ponder.config import LoraConfig
-from ponder.models import apply_lora, tiny_policy
+from ponder.models import tiny_policy
 from ponder.models.base_hash import base_model_hash
 
+from ..tiny_lora import random_lora
 from ..uvicorn_thread import loopback_socket, serving
-
-
-def random_lora(seed: int, scale: float = 0.3):
-    torch.manual_seed(seed)  # PEFT draws the A matrices from the global generator
-    policy = apply_lora(tiny_policy(), LoraConfig(r=4, alpha=8))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * scale)
-    return policy
 
 
 def lora_state(directory: Path) -> dict[str, torch.Tensor]:

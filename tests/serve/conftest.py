@@ -29,6 +29,7 @@ from ponder.serve.chat import plan_chat
 from ponder.serve.protocol import ChatRequest
 from ponder.train.checkpoint import save_checkpoint
 
+from ..tiny_lora import random_lora
 from ..uvicorn_thread import loopback_socket, serving
 
 API_KEY = "test-key"
@@ -78,17 +79,6 @@ def assert_tool_round_trip(client, model: str = "weather") -> list[dict]:
     final = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], temperature=0)
     assert final.choices[0].message.content == FINAL_ANSWER
     return messages
-
-
-def random_lora(seed: int):
-    torch.manual_seed(seed)  # PEFT draws the A matrices from the global generator
-    policy = apply_lora(tiny_policy(), LoraConfig(r=4, alpha=8))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return policy
 
 
 def train_weather_adapter(steps: int = 150, base=None, lr: float = 1e-2, model: str = "weather"):
