@@ -1,6 +1,7 @@
 """ponder's decode on a GPU against the GPU's rooflines, all measured in one run.
 
-    python -m bench.gpu_decode --model DIR [--batches 1 256] [--new-tokens 128] [--out gpu_decode.json]
+    python -m bench.gpu_decode --model DIR [--batches 1 256] [--new-tokens 128]
+        [--decoders transformers auto] [--out gpu_decode.json]
 
 DIR is a model directory (bench.gpu_model builds a randomly initialised one of
 Qwen2.5-1.5B's shape). Measures, on the GPU, in bfloat16:
@@ -8,9 +9,15 @@ Qwen2.5-1.5B's shape). Measures, on the GPU, in bfloat16:
   bytes read plus bytes written;
 - bf16 matmul throughput: the best of several 8192³ products;
 - ponder's rollout decode (`HFBackend.generate`, the `hf` backend, KV cache) at
-  each batch size: sampled tokens per second after a warm-up call;
-- a profile of one batch-1 decode step: CUDA kernel time against wall time and
-  the number of kernels launched (why batch 1 is or is not at its roofline);
+  each batch size, with each decoder (`rollout.sampling.decoder`: `transformers`
+  is the transformers model's eager forward, `auto` the lean decoder's steps
+  replayed from CUDA graphs), the decoders alternating: sampled tokens per second
+  after a warm-up call;
+- the sampler-trainer mismatch of each decoder: mean and max |Δ logprob| between
+  the logprobs recorded while sampling and the transformers model's forward pass
+  (what the trainer computes) over the same tokens;
+- a profile of one batch-1 decode step per decoder: CUDA kernel time against wall
+  time and the number of kernels launched (why batch 1 is or is not at its roofline);
 
 and reports each decode rate as a fraction of its rooflines: bandwidth,
 B × bandwidth ÷ (bytes of weights read per step), and compute, peak FLOP/s ÷ 2P
@@ -82,17 +89,41 @@ def decode_rate(backend: Any, batch: int, prompt_len: int, new_tokens: int, seed
     return {"batch": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def step_profile(backend: Any, prompt_len: int) -> dict[str, float]:
-    """One short batch-1 generate under torch.profiler: kernel time vs wall time."""
+def mismatch(backend: Any, batch: int, prompt_len: int, new_tokens: int) -> dict[str, float]:
+    """|Δ logprob| between sampling and the transformers forward pass on the same tokens."""
+    from ponder.models.logprobs import token_logprobs
+    from ponder.rollout.backend import GenerationRequest
+
+    gen = torch.Generator().manual_seed(7)
+    vocab = backend.policy.model.config.vocab_size
+    prompts = torch.randint(300, vocab, (batch, prompt_len), generator=gen).tolist()
+    out = backend.generate([GenerationRequest(f"m{i}", ids, new_tokens) for i, ids in enumerate(prompts)], [])
+    deltas = []
+    with torch.no_grad():
+        for ids, g in zip(prompts, out):
+            full = torch.tensor([ids + g.token_ids], device=backend.policy.device)
+            trainer = token_logprobs(backend.policy.model, full, torch.ones_like(full))[0, len(ids) - 1 :]
+            deltas.append((trainer.float().cpu() - torch.tensor(g.logprobs)).abs())
+    delta = torch.cat(deltas)
+    return {"mean_abs_dlogprob": delta.mean().item(), "max_abs_dlogprob": delta.max().item()}
+
+
+def step_profile(backend: Any, prompt_len: int, new: int = 32) -> dict[str, Any]:
+    """One batch-1 generate under torch.profiler: kernel time against wall time per
+    token, and the kernels that took the most GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    new = 8
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run = decode_rate(backend, 1, prompt_len, new, seed=99)
     events = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    kernel_s = sum(e.device_time for e in events) / 1e6
-    return {"wall_s_per_token": run["seconds"] / run["tokens"], "kernel_s_per_token": kernel_s / run["tokens"],
-            "kernels_per_token": len(events) / run["tokens"]}  # fmt: skip
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e.name[:60], []).append(e.device_time)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:8]
+    tokens = run["tokens"]
+    return {"wall_s_per_token": run["seconds"] / tokens, "kernel_s_per_token": sum(e.device_time for e in events) / 1e6 / tokens,
+            "kernels_per_token": len(events) / tokens,
+            "top_kernels_us_per_token": {name: [round(sum(t) / tokens, 1), round(len(t) / tokens, 1)] for name, t in top}}  # fmt: skip
 
 
 def rooflines(params: int, weight_bytes: int, peaks: dict[str, float], batch: int) -> dict[str, float]:
@@ -108,33 +139,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--decoders", nargs="+", default=["transformers", "auto"],
+                        help="rollout.sampling.decoder values to compare, alternating")  # fmt: skip
+    parser.add_argument("--device", default="cuda", help="cpu only checks the script (no rooflines)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench.gpu_decode needs a CUDA GPU")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench.gpu_decode needs a CUDA GPU (or --device cpu to check the script)")
     from ponder.config import SamplingConfig
     from ponder.models import load_policy
     from ponder.rollout.hf import HFBackend
 
-    peaks = machine_peaks()
+    peaks = machine_peaks() if args.device == "cuda" else {"hbm_bytes_per_s": 1.0, "bf16_flops": 1.0}
     print(f"machine: {json.dumps(peaks)}", flush=True)
-    policy = load_policy(args.model, "bfloat16", "cuda")
+    policy = load_policy(args.model, "bfloat16" if args.device == "cuda" else "float32", args.device)
     params = sum(p.numel() for p in policy.model.parameters())  # tied embedding counted once
     weight_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=args.new_tokens,
-                              max_total_tokens=args.prompt_len + args.new_tokens)  # fmt: skip
-    backend = HFBackend(policy, sampling, seed=0, reuse_kv=False)
+    backends = {}
+    for decoder in args.decoders:
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=args.new_tokens,
+                                  max_total_tokens=args.prompt_len + args.new_tokens, decoder=decoder)  # fmt: skip
+        backends[decoder] = HFBackend(policy, sampling, seed=0, reuse_kv=False)
     result: dict[str, Any] = {"command": sys.argv, "machine": peaks, "parameters": params, "rows": []}
     for batch in args.batches:
-        decode_rate(backend, batch, args.prompt_len, 8, seed=1)  # warm-up: kernels chosen, memory pooled
-        row = decode_rate(backend, batch, args.prompt_len, args.new_tokens, seed=2)
-        row.update(rooflines(params, weight_bytes, peaks, batch))
-        row["of_bandwidth_bound"] = row["tokens_per_s"] / row["bandwidth_bound"]
-        row["of_compute_bound"] = row["tokens_per_s"] / row["compute_bound"]
-        print(json.dumps(row), flush=True)
-        result["rows"].append(row)
-    result["profile_batch1"] = step_profile(backend, args.prompt_len)
-    print(f"profile: {json.dumps(result['profile_batch1'])}", flush=True)
+        for decoder, backend in backends.items():
+            decode_rate(backend, batch, args.prompt_len, 8, seed=1)  # warm-up: kernels chosen, memory pooled
+            row = {"decoder": decoder, **decode_rate(backend, batch, args.prompt_len, args.new_tokens, seed=2)}
+            row.update(rooflines(params, weight_bytes, peaks, batch))
+            row["of_bandwidth_bound"] = row["tokens_per_s"] / row["bandwidth_bound"]
+            row["of_compute_bound"] = row["tokens_per_s"] / row["compute_bound"]
+            print(json.dumps(row), flush=True)
+            result["rows"].append(row)
+    for decoder, backend in backends.items():
+        result[f"mismatch_{decoder}"] = mismatch(backend, 8, args.prompt_len, 32)
+        result[f"profile_batch1_{decoder}"] = step_profile(backend, args.prompt_len)
+        print(f"{decoder}: mismatch {json.dumps(result[f'mismatch_{decoder}'])} "
+              f"profile {json.dumps(result[f'profile_batch1_{decoder}'])}", flush=True)  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0

@@ -106,9 +106,11 @@ class SamplingConfig:
     top_p: nucleus sampling mass (1.0 = off).
     max_new_tokens_per_turn: cap on one model action.
     max_total_tokens: cap on prompt + response; the episode stops when reached.
-    decoder: `auto` decodes Llama-family models on the CPU with ponder's lean forward
-        (fused, packed weights: rollout/llama_decode.py), anything else with the
-        transformers model; `transformers` always uses the transformers model.
+    decoder: `auto` decodes Llama-family models with ponder's lean forward (fused
+        weights: rollout/llama_decode.py; packed on the CPU, its decode steps replayed
+        from CUDA graphs on a GPU: rollout/graph_decode.py), anything else with the
+        transformers model; `transformers` always uses the transformers model;
+        `static` runs the GPU's static-shape steps on any device (tests, checks).
     """
 
     temperature: float = 1.0

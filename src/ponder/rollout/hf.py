@@ -35,12 +35,13 @@ from ponder.models.cpu_threads import decode_threads, torch_threads
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
+from ponder.rollout.graph_decode import GraphStep
 from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
 
 # Stop strings are checked on the decoded tail of each row; this many tokens cover
 # any tag-like stop string while keeping the per-step decode cheap.
 _STOP_WINDOW_TOKENS = 16
-DECODERS = ("auto", "transformers")
+DECODERS = ("auto", "transformers", "static")
 
 
 @dataclass
@@ -85,7 +86,7 @@ class HFBackend:
         base weights): ponder's lean decoder for Llama-family models on the CPU
         (`rollout.llama_decode`), else a merged copy of the transformers model."""
         if self._sampler is None:
-            lean = lean_decoder(self.policy.model) if self.sampling.decoder == "auto" else None
+            lean = lean_decoder(self.policy.model) if self.sampling.decoder != "transformers" else None
             self._sampler = lean if lean is not None else _merged_copy(self.policy.model)
         return self._sampler
 
@@ -101,27 +102,19 @@ class HFBackend:
     @torch.no_grad()
     def _generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         model = self.sampling_model()
+        if self._graphed(model):
+            return self._generate_graphed(model, requests, stop_strings)
         cache, logits, attention_mask, next_position = self._prefill(model, requests)
         rows = [_Row(r, [], []) for r in requests]
         active = list(range(len(rows)))  # rows[active[j]] is batch row j
         while active:
-            tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
-            # One device-to-host copy per step, not one per row (each is a GPU sync).
-            token_list, logprob_list = tokens.tolist(), logprobs.tolist()
+            token_list, logprob_list, tokens = self._sample(logits)
             keep = []
             for j, row_index in enumerate(active):
-                row = rows[row_index]
-                row.token_ids.append(token_list[j])
-                row.logprobs.append(logprob_list[j])
-                row.finish_reason = self._finish_reason(row, stop_strings)
-                if self.on_token is not None and self.on_token(row.request, row.token_ids) and not row.finish_reason:
-                    row.finish_reason = "abort"
-                if not row.finish_reason:
+                if not self._record(rows[row_index], token_list[j], logprob_list[j], stop_strings):
                     keep.append(j)
-                elif self.store is not None:  # what the model has read, for this episode's next turn
-                    slots = attention_mask[j].nonzero().squeeze(-1)
-                    context = row.request.context_ids + row.token_ids[:-1]
-                    self.store.put(row.request.key, context, cache.row(j, slots))
+                else:
+                    self._keep_past(rows[row_index], cache, attention_mask[j], j)
             if not keep:
                 break
             if len(keep) < len(active):  # drop finished rows from the batch and the cache
@@ -140,14 +133,73 @@ class HFBackend:
             logits, next_position = out.logits[:, -1], next_position + 1
         return [self._to_generation(row) for row in rows]
 
-    def _prefill(self, model: Any, requests: list[GenerationRequest]) -> tuple[SlabCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _graphed(self, model: Any) -> bool:
+        """Decode through `GraphStep`s: on a GPU by default (`decoder: auto`), anywhere
+        with `decoder: static` (eagerly off CUDA), for models the lean decoder covers."""
+        on_gpu = self.policy.device.type == "cuda"
+        wanted = self.sampling.decoder == "static" or (self.sampling.decoder == "auto" and on_gpu)
+        return wanted and isinstance(model, LlamaDecoder)
+
+    def _generate_graphed(self, model: LlamaDecoder, requests: list[GenerationRequest],
+                          stop_strings: list[str]) -> list[Generation]:  # fmt: skip
+        """The decode loop on static shapes (rollout.graph_decode): finished rows stay in
+        the batch until half of it has finished, then the live rows get a step of their own."""
+        cache, logits, attention_mask, next_position = self._prefill(model, requests, pad_slots=True)
+        step = GraphStep.after_prefill(model, cache, attention_mask, next_position)
+        del cache
+        rows = [_Row(r, [], []) for r in requests]
+        batch = list(range(len(rows)))  # rows[batch[j]] is step row j
+        live = list(range(len(rows)))  # step rows still generating
+        while live:
+            token_list, logprob_list, tokens = self._sample(logits)
+            still = []
+            for j in live:
+                if not self._record(rows[batch[j]], token_list[j], logprob_list[j], stop_strings):
+                    still.append(j)
+                else:
+                    self._keep_past(rows[batch[j]], step, step.attention_mask()[j], j)
+            live = still
+            if not live:
+                break
+            if len(live) <= len(batch) // 2:  # compact: the live rows in a step of their own
+                step, batch, tokens = step.select(live), [batch[j] for j in live], tokens[live]
+                live = list(range(len(live)))
+            logits = step(tokens)
+        return [self._to_generation(row) for row in rows]
+
+    def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float], torch.Tensor]:
+        tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
+        # One device-to-host copy per step, not one per row (each is a GPU sync).
+        return tokens.tolist(), logprobs.tolist(), tokens
+
+    def _record(self, row: _Row, token: int, logprob: float, stop_strings: list[str]) -> bool:
+        """Append a sampled token to its row; True when the row has finished."""
+        row.token_ids.append(token)
+        row.logprobs.append(logprob)
+        row.finish_reason = self._finish_reason(row, stop_strings)
+        if self.on_token is not None and self.on_token(row.request, row.token_ids) and not row.finish_reason:
+            row.finish_reason = "abort"
+        return bool(row.finish_reason)
+
+    def _keep_past(self, row: _Row, cache: Any, mask: torch.Tensor, j: int) -> None:
+        """What a finished row's model has read (batch row j of `cache`, the slots
+        `mask` marks), kept for the episode's next turn."""
+        if self.store is not None:
+            slots = mask.nonzero().squeeze(-1)
+            self.store.put(row.request.key, row.request.context_ids + row.token_ids[:-1], cache.row(j, slots))
+
+    def _prefill(self, model: Any, requests: list[GenerationRequest],
+                 pad_slots: bool = False) -> tuple[SlabCache, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         """Read every request's unread tokens on top of its past; returns the cache, the
-        last position's logits [B, V], the attention mask [B, slots] and next positions [B, 1]."""
+        last position's logits [B, V], the attention mask [B, slots] and next positions
+        [B, 1]. `pad_slots` rounds the cache's capacity up to a multiple of 64 (fewer
+        distinct shapes for the GPU's attention kernels)."""
         pasts = self._pasts(model, requests)
         seen = [past_length(p) for p in pasts]
         new = [r.context_ids[n:] for r, n in zip(requests, seen)]
         width = max(seen)
         capacity = width + max(len(x) for x in new) + max(r.max_new_tokens for r in requests)
+        capacity = -(-capacity // 64) * 64 if pad_slots else capacity
         device = self.policy.device
         cache = SlabCache(model.config.num_hidden_layers, capacity, pasts, width)
         input_ids, new_mask = self._left_pad(new)

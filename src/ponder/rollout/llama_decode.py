@@ -19,8 +19,10 @@ MKL's sgemm streams at ~40 % of the bandwidth for the MLP's wide matrices and th
 It reads and writes the same cache layout as transformers (keys after rotary, half
 split), so cached rows are interchangeable, and `tests/rollout/test_llama_decode.py`
 checks its logits against the transformers model's. Models it does not cover
-(another architecture, rope scaling, sliding windows, a non-CPU device) get None from
-`lean_decoder` and the backend samples through transformers.
+(another architecture, rope scaling, sliding windows, a device other than the CPU or
+a CUDA GPU) get None from `lean_decoder` and the backend samples through
+transformers. On a GPU the same layers run on plain `F.linear` (nothing is packed)
+and `rollout.graph_decode` replays its decode steps from a CUDA graph.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def lean_decoder(model: Any) -> LlamaDecoder | None:
     the model is not one it covers. Call again after the weights change."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
-    if not _covered(config) or base.device.type != "cpu":
+    if not _covered(config) or base.device.type not in ("cpu", "cuda"):
         return None
     with torch.no_grad():
         return LlamaDecoder(base, config)
@@ -85,8 +87,9 @@ class LlamaDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
         self.embed = model.model.embed_tokens.weight.detach()
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.embed.device) / self.head_dim
+        self.inv_freq = 1.0 / theta**exponents
         self.final_norm = model.model.norm.weight.detach()
         self.head = _Linear(effective_weight(model.lm_head), None)
         self.layers = [self._layer(block) for block in model.model.layers]
@@ -116,30 +119,43 @@ class LlamaDecoder:
         logits_to_keep: int = 0,
     ) -> DecoderOutput:
         hidden = self.embed[input_ids]
-        cos, sin = self._rotary(position_ids)
+        cos, sin = self.rotary(position_ids)
         mask = attention_slots(attention_mask, input_ids.shape[1])
         for layer, cache in zip(self.layers, past_key_values.layers, strict=True):
-            hidden = self._block(layer, hidden, cos, sin, mask, cache)
+
+            def attend(q, k, v, cache=cache):
+                keys, values = cache.update(k, v)
+                return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+            hidden = self.block(layer, hidden, cos, sin, attend)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        return DecoderOutput(self.head(F.rms_norm(hidden, hidden.shape[-1:], self.final_norm, self.eps)))
+        return DecoderOutput(self.logits(hidden))
 
-    def _block(self, layer: _Layer, hidden: torch.Tensor, cos, sin, mask: torch.Tensor, cache: Any) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(F.rms_norm(hidden, hidden.shape[-1:], self.final_norm, self.eps))
+
+    def block(self, layer: _Layer, hidden: torch.Tensor, cos, sin, attend: Any) -> torch.Tensor:
+        """One decoder layer on hidden [B, T, H]; `attend(q, k, v)` stores the new keys
+        and values (after rotary) and returns the attention output [B, heads, T, head_dim]."""
         rows, length, _ = hidden.shape
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         qkv = layer.qkv(F.rms_norm(hidden, hidden.shape[-1:], layer.input_norm, self.eps))
-        q, k, v = qkv.view(rows, length, h + 2 * kv, d).transpose(1, 2).split([h, kv, kv], dim=1)
-        keys, values = cache.update(_rotate(k, cos, sin), v)
-        attended = F.scaled_dot_product_attention(_rotate(q, cos, sin), keys, values, attn_mask=mask, enable_gqa=True)
+        heads = qkv.view(rows, length, h + 2 * kv, d).transpose(1, 2)
+        q, k = _rotate(heads[:, : h + kv], cos, sin).split([h, kv], dim=1)  # q and k rotated in one pass
+        attended = attend(q, k, heads[:, h + kv :])
         hidden = hidden + layer.o(attended.transpose(1, 2).reshape(rows, length, h * d))
         gate, up = layer.gate_up(F.rms_norm(hidden, hidden.shape[-1:], layer.post_norm, self.eps)).chunk(2, dim=-1)
         return hidden + layer.down(F.silu(gate) * up)
 
-    def _rotary(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [B, 1, T, head_dim] of each token's rotary angles."""
+    def rotary(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [B, 1, T, head_dim] of each token's rotary angles (the sin
+        of the first half negated, see `_rotate`), computed in float32 and stored in
+        the weights' dtype (as transformers does)."""
         angles = position_ids.unsqueeze(-1).float() * self.inv_freq
+        signed = torch.cat([-angles.sin(), angles.sin()], dim=-1).unsqueeze(1)
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
-        return angles.cos(), angles.sin()
+        return angles.cos().to(self.embed.dtype), signed.to(self.embed.dtype)
 
 
 def attention_slots(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -155,10 +171,11 @@ def attention_slots(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tens
     return visible.unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in transformers' half-split layout (x * cos + rotate_half(x) * sin)."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in transformers' half-split layout, x * cos + rotate_half(x) * sin:
+    rotate_half(x) = [-x2, x1] is x rolled by half a head times the signs that
+    `signed_sin` carries (three kernels on a GPU instead of five)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 def effective_weight(module: Any) -> torch.Tensor:

@@ -179,7 +179,7 @@ class AdapterBackend(HFBackend):
 
     def _build(self, adapter: str | None) -> Any:
         model = self.policy.model
-        lean_ok = self.sampling.decoder == "auto"
+        lean_ok = self.sampling.decoder != "transformers"
         if not is_lora(model):
             return (lean_decoder(model) if lean_ok else None) or model
         with adapter_active(model, adapter):

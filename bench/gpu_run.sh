@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU rows of docs/benchmarks.md ("On a GPU"), in one device call:
+#   bash bench/gpu_run.sh OUT_DIR
+# Needs a CUDA machine with torch, transformers, peft, accelerate (the device image),
+# and trl + datasets + jsonschema wheels in .whl/ (installed into /tmp/site).
+set -u
+OUT=${1:?OUT_DIR}
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/src:$PWD
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+python3 -m bench.gpu_model --shape qwen2.5-1.5b --out /tmp/q15 --device cuda || exit 1
+timeout 200 python3 -m bench.gpu_decode --model /tmp/q15 --batches 1 16 256 --decoders transformers auto \
+    --out "$OUT/gpu_decode.json" 2>&1 | grep -v "^USDT\|Warning\|warn("
+timeout 330 python3 bench/grpo_vs_trl.py --workload single --model /tmp/q15 --device cuda --dtype bfloat16 \
+    --gate-model tiny --threads 8 --prompts-per-step 4 --group-size 8 --max-new-tokens 256 \
+    --steps 5 --warmup 1 --micro-batch 8 --out "$OUT/grpo_vs_trl.json" 2>&1 | grep -v "^USDT" | tail -60

@@ -1,0 +1,64 @@
+"""The GPU's static-shape decode steps (rollout.graph_decode), run eagerly on the CPU
+against the lean decoder they replay: same logits, same generations."""
+
+import pytest
+import torch
+
+from ponder.config import SamplingConfig
+from ponder.models import tiny_policy
+from ponder.rollout import GenerationRequest, HFBackend
+from ponder.rollout.graph_decode import GraphStep
+from ponder.rollout.kv import SlabCache
+from ponder.rollout.llama_decode import lean_decoder
+
+from .test_llama_decode import tiny_qwen2
+
+
+@pytest.mark.parametrize("architecture", ["llama+lora", "qwen2"])
+def test_static_steps_give_the_lean_decoders_logits(architecture, trained_lora):
+    policy = trained_lora(tiny_policy(seed=0)) if architecture == "llama+lora" else tiny_qwen2()
+    lean = lean_decoder(policy.model)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, 300, (3, 6), generator=generator)
+    attention_mask = torch.ones(3, 6, dtype=torch.long)
+    attention_mask[0, :2] = 0  # a left-padded row
+    attention_mask[2, :4] = 0
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    layers = policy.model.config.num_hidden_layers
+    reference_cache, static_cache = SlabCache(layers, 11, [None] * 3, 0), SlabCache(layers, 11, [None] * 3, 0)
+    lean(input_ids, attention_mask, positions, reference_cache)
+    lean(input_ids, attention_mask, positions, static_cache)
+    step = GraphStep.after_prefill(lean, static_cache, attention_mask, positions[:, -1:] + 1)
+    next_position = positions[:, -1:] + 1
+    for _ in range(5):  # fills the cache's 11 slots
+        tokens = torch.randint(5, 300, (3,), generator=generator)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(3, 1)], dim=1)
+        expected = lean(tokens.unsqueeze(-1), attention_mask, next_position, reference_cache).logits[:, -1]
+        actual = step(tokens)
+        next_position = next_position + 1
+        assert expected.abs().max() > 0.1
+        assert torch.allclose(actual, expected, atol=1e-5)
+        assert torch.equal(step.attention_mask().long(), attention_mask)
+    with pytest.raises(RuntimeError, match="the cache's 11 slots are full"):
+        step(tokens)
+
+
+def test_static_decoding_generates_what_the_lean_decoder_does_over_two_turns(trained_lora):
+    policy = trained_lora(tiny_policy(seed=0))
+    encode = policy.tokenizer.encode
+    prompts = ["<|im_start|>user\nhi<|im_end|>\n", "<think>I need to search", "a", "<answer>Paris"]
+    lengths = [2, 9, 9, 4]  # rows end at different steps: at 4 of 4 live rows, the batch is compacted
+    runs = {}
+    for decoder in ("auto", "static"):
+        backend = HFBackend(policy, SamplingConfig(temperature=0.0, decoder=decoder), seed=0)
+        first = backend.generate([GenerationRequest(f"e{i}", encode(p), n)
+                                  for i, (p, n) in enumerate(zip(prompts, lengths))], [])  # fmt: skip
+        assert len(backend.store) == 4  # every episode's past is kept for its next turn
+        second = backend.generate([GenerationRequest(f"e{i}", encode(p) + g.token_ids + encode(" ok"), 5)
+                                   for i, (p, g) in enumerate(zip(prompts, first))], [])  # fmt: skip
+        runs[decoder] = first + second
+    assert [len(g.token_ids) for g in runs["static"][:4]] == lengths
+    assert [g.token_ids for g in runs["static"]] == [g.token_ids for g in runs["auto"]]
+    for a, b in zip(runs["static"], runs["auto"]):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.finish_reason == b.finish_reason
