@@ -62,3 +62,27 @@ def test_static_decoding_generates_what_the_lean_decoder_does_over_two_turns(tra
     for a, b in zip(runs["static"], runs["auto"]):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
         assert a.finish_reason == b.finish_reason
+
+
+def test_bfloat16_weights_with_float32_adapters_decode_in_bfloat16(trained_lora):
+    """On a GPU the base is bf16 and PEFT's LoRA weights fp32: the merged weights are
+    stored in the base's dtype, and the static steps' logits follow the transformers
+    model's within bf16 rounding."""
+    policy = trained_lora(tiny_policy(seed=0))
+    policy.model.base_model.model.to(torch.bfloat16)
+    for name, param in policy.model.named_parameters():
+        if "lora_" in name:
+            param.data = param.data.float()
+    lean = lean_decoder(policy.model)
+    assert lean.layers[0].qkv.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[5, 6, 7, 8]])
+    mask, positions = torch.ones_like(ids), torch.arange(4).unsqueeze(0)
+    layers = policy.model.config.num_hidden_layers
+    cache = SlabCache(layers, 6, [None], 0)
+    lean(ids[:, :3], mask[:, :3], positions[:, :3], cache)
+    step = GraphStep.after_prefill(lean, cache, mask[:, :3], positions[:, 2:3] + 1)
+    actual = step(ids[:, 3])
+    with torch.no_grad():
+        expected = policy.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+    assert actual.dtype == torch.bfloat16
+    assert torch.allclose(actual.float(), expected.float(), atol=0.05)

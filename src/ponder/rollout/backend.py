@@ -86,7 +86,9 @@ def draw_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.T
     u = u * cumulative[:, -1:]
     index = torch.searchsorted(cumulative, u, right=True)
     overflow = index >= probs.shape[-1]
-    if bool(overflow.any()):  # u rounded up to the total (vanishingly rare): the likeliest entry, never a zero one
+    # u rounded up to the total (vanishingly rare): the likeliest entry, never a zero one.
+    # On a GPU without asking first (a host sync every step); on the CPU only when needed.
+    if probs.device.type != "cpu" or bool(overflow.any()):
         index = torch.where(overflow, probs.argmax(-1, keepdim=True), index)
     return index.squeeze(-1)
 

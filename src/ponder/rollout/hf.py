@@ -142,8 +142,11 @@ class HFBackend:
 
     def _generate_graphed(self, model: LlamaDecoder, requests: list[GenerationRequest],
                           stop_strings: list[str]) -> list[Generation]:  # fmt: skip
-        """The decode loop on static shapes (rollout.graph_decode): finished rows stay in
-        the batch until half of it has finished, then the live rows get a step of their own."""
+        """The decode loop on static shapes (rollout.graph_decode). The step after a
+        sample is launched before the sample is read back, so the GPU computes it while
+        the rows are booked here (a finished row's extra token is never recorded).
+        Finished rows stay in the batch until half of it has finished, then the live
+        rows get a step of their own."""
         cache, logits, attention_mask, next_position = self._prefill(model, requests, pad_slots=True)
         step = GraphStep.after_prefill(model, cache, attention_mask, next_position)
         del cache
@@ -151,20 +154,20 @@ class HFBackend:
         batch = list(range(len(rows)))  # rows[batch[j]] is step row j
         live = list(range(len(rows)))  # step rows still generating
         while live:
-            token_list, logprob_list, tokens = self._sample(logits)
+            tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
+            sampled = _HostCopy(torch.stack([tokens.double(), logprobs.double()]))
+            logits = step(tokens)  # queued behind the copy: runs while this loop books the rows
+            token_list, logprob_list = sampled.wait()
             still = []
             for j in live:
-                if not self._record(rows[batch[j]], token_list[j], logprob_list[j], stop_strings):
+                if not self._record(rows[batch[j]], int(token_list[j]), logprob_list[j], stop_strings):
                     still.append(j)
-                else:
-                    self._keep_past(rows[batch[j]], step, step.attention_mask()[j], j)
+                else:  # the slots read before the last token (the step above read it too)
+                    self._keep_past(rows[batch[j]], step, step.attention_mask()[j, :-1], j)
             live = still
-            if not live:
-                break
-            if len(live) <= len(batch) // 2:  # compact: the live rows in a step of their own
-                step, batch, tokens = step.select(live), [batch[j] for j in live], tokens[live]
+            if live and len(live) <= len(batch) // 2:  # compact: the live rows in a step of their own
+                logits, step, batch = logits[live], step.select(live), [batch[j] for j in live]
                 live = list(range(len(live)))
-            logits = step(tokens)
         return [self._to_generation(row) for row in rows]
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float], torch.Tensor]:
@@ -274,6 +277,26 @@ class HFBackend:
         mask = [[0] * (width - len(c)) + [1] * len(c) for c in contexts]
         device = self.policy.device
         return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
+
+
+class _HostCopy:
+    """A device tensor's copy to host memory, queued now, read by `wait()` as lists."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.event = None
+        if tensor.device.type == "cuda":
+            self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self.host.copy_(tensor, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = tensor
+
+    def wait(self) -> list[Any]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
 
 
 def _merged_copy(model: Any) -> Any:

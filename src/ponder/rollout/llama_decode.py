@@ -185,8 +185,9 @@ def effective_weight(module: Any) -> torch.Tensor:
     weight = base.weight.detach()
     if hasattr(module, "lora_A") and not module.disable_adapters and not module.merged:
         for name in module.active_adapters:
-            if name in module.lora_A:
-                weight = weight + module.get_delta_weight(name).detach()
+            if name in module.lora_A:  # the sum in the adapter's precision (fp32), stored in the base's
+                delta = module.get_delta_weight(name).detach()
+                weight = (weight.to(delta.dtype) + delta).to(base.weight.dtype)
     return weight
 
 
