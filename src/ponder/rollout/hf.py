@@ -16,6 +16,9 @@ Where the time went on the 2-core CPU, and what this module does about it:
   models on the CPU decode through `rollout.llama_decode` (fused matrices in oneDNN's
   blocked layout, ~1.4x faster per step at batch 8); other models through a merged
   copy of the transformers model.
+- On a GPU the same eager loop was launch-bound (1 200 kernels a token on an H100,
+  the GPU idle 90 % of the time): Llama-family models decode there through
+  `rollout.graph_decode` (static-shape steps replayed from CUDA graphs).
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from ponder.config import SamplingConfig
 from ponder.models.cpu_threads import decode_threads, torch_threads
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
-from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
 from ponder.rollout.graph_decode import GraphStep
+from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
 from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
 
 # Stop strings are checked on the decoded tail of each row; this many tokens cover
