@@ -2,7 +2,11 @@
 # The GPU rows of docs/benchmarks.md ("On a GPU"), in one device call:
 #   bash bench/gpu_run.sh OUT_DIR
 # Needs a CUDA machine with torch, transformers, peft, accelerate (the device image),
-# and trl + datasets + jsonschema wheels in .whl/ (installed into /tmp/site).
+# and in .whl/ (installed into /tmp/site) the wheels the image lacks, for Python 3.12:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#     trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 jsonschema referencing \
+#     rpds-py jsonschema-specifications bm25s==0.3.16 orjson
 set -u
 OUT=${1:?OUT_DIR}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD/src:$PWD
