@@ -54,7 +54,7 @@ class GraphStep:
                       next_position: torch.Tensor) -> GraphStep:  # fmt: skip
         """The step that follows the backend's prefill: the cache's buffers, its
         attention mask [B, n] over the n slots written and next positions [B, 1]."""
-        kv = [(layer._k, layer._v) for layer in cache.layers]
+        kv = cache.buffers()
         rows, written = attention_mask.shape
         valid = torch.zeros(rows, kv[0][0].shape[2], dtype=torch.bool, device=attention_mask.device)
         valid[:, :written] = attention_mask.bool()

@@ -91,6 +91,11 @@ class SlabCache(Cache):
     def row(self, index: int, slots: torch.Tensor) -> RowKV:
         return [layer.row(index, slots) for layer in self.layers]
 
+    def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's whole (keys, values) storage [B, H, capacity, D], after the first
+        update: what a static-shape decode step (rollout.graph_decode) writes into."""
+        return [(layer._k, layer._v) for layer in self.layers]
+
 
 @dataclass
 class _Entry:
