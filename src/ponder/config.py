@@ -299,7 +299,9 @@ class RewardConfig:
     search_cost: charged per search call (weight is usually negative).
     terms: more components, name → weight: a component the environment defines
         (e.g. math's `correct`), a registered one (ponder.rewards.REWARDS, e.g.
-        `turn_rewards`, the sum of the environment's per-turn rewards) or an import
+        `turn_rewards`, the sum of the environment's per-turn rewards;
+        `search_cost_if_correct`, searches of right answers only;
+        `search_cost_excess`, searches beyond the task's needed hops) or an import
         path `module:function` to your own (trajectory, task) -> float | None.
         A name here also overrides the environment's default weight for it.
     shaping: reward-hacking penalties (ShapingConfig).

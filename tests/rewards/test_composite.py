@@ -4,7 +4,7 @@ import pytest
 
 from ponder.config import RewardConfig
 from ponder.rewards import REWARDS, CompositeReward, score_trajectories
-from ponder.rewards.search import search_calls, search_calls_if_correct
+from ponder.rewards.search import search_calls, search_calls_excess, search_calls_if_correct
 from ponder.types import Task, ToolCall, Trajectory, Turn
 
 
@@ -34,6 +34,26 @@ def test_search_cost_if_correct_charges_right_answers_only():
     # right: 1 + 0.1 - 0.1*2 = 0.9; wrong: 0 + 0.1 - 0 = 0.1, whatever its searches
     assert reward(right, task)[0] == pytest.approx(0.9)
     assert reward(wrong, task)[0] == pytest.approx(reward(_episode(answer="blue shed", n_searches=0), task)[0])
+
+
+def test_search_cost_excess_charges_unneeded_searches_only():
+    hops = {"hops": [{"r": 1}, {"r": 2}]}
+    multi = Task(id="t", question="q", answers=["red barn"], needs_search=True, metadata=hops)
+    single = Task(id="t", question="q", answers=["red barn"], needs_search=True, metadata={"hops": [{"r": 1}]})
+    in_prompt = Task(id="t", question="q", answers=["red barn"], needs_search=False, metadata={"hops": [{"r": 1}]})
+    two, three = _episode(n_searches=2), _episode(n_searches=3)
+    assert [search_calls_excess(two, t) for t in (multi, single, in_prompt)] == [0.0, 1.0, 2.0]
+    assert search_calls_excess(three, multi) == 1.0
+    assert search_calls_excess(_episode(n_searches=1), multi) == 0.0  # too few: the answer reward's business
+    assert search_calls_excess(two, Task(id="t", question="q", answers=["a"], needs_search=True)) is None
+    reward = CompositeReward({"em": 1.0, "format": 0.1, "search_cost_excess": -0.1})
+    # a right multi-hop answer after its two searches: 1 + 0.1, no cost; the same on single-hop: -0.1
+    assert reward(two, multi)[0] == pytest.approx(1.1)
+    assert reward(two, single)[0] == pytest.approx(1.0)
+    # invariance: the cost depends on the search count, not on which turns searched or what
+    shuffled = _episode(n_searches=2)
+    shuffled.turns[0].tool_calls[0] = ToolCall("search", {"query": "something else"})
+    assert search_calls_excess(shuffled, single) == search_calls_excess(two, single)
 
 
 def test_total_is_hand_computed_weighted_sum():

@@ -20,3 +20,25 @@ def search_calls_if_correct(trajectory: Trajectory, task: Task) -> float | None:
     if correct is None:
         return None
     return search_calls(trajectory, task) * correct
+
+
+def searches_needed(task: Task) -> int | None:
+    """The searches a task's reference solution makes: one per hop of a question that
+    needs search, none when the fact is in the prompt; None when the task does not
+    say (no `hops` in its metadata)."""
+    if not task.needs_search:
+        return 0
+    hops = task.metadata.get("hops")
+    return len(hops) if isinstance(hops, list) else None
+
+
+def search_calls_excess(trajectory: Trajectory, task: Task) -> float | None:
+    """Searches beyond the ones the task needs (max(0, searches - needed)): with a
+    negative weight, a cost for unneeded searches only. A multi-hop question's second
+    search costs nothing, a single-hop question's second search and any search of an
+    in-prompt question do; the answer reward already pays for the needed ones. None
+    for a task that does not say how many searches it needs."""
+    needed = searches_needed(task)
+    if needed is None:
+        return None
+    return max(0.0, search_calls(trajectory, task) - needed)
