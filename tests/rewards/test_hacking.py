@@ -78,6 +78,24 @@ def test_wrong_answer_and_non_math_tasks_are_not_guesses():
     assert answer_guessing(episode("<answer>Paris</answer>", answer="Paris"), qa) is None
 
 
+def test_a_number_read_from_a_tool_or_the_context_is_no_guess():
+    year = Task("y", "In what year was Acme founded?", ["1984"], kind="single_hop")
+    searched = episode("<search>Acme</search>", "<answer>1984</answer>", answer="1984")
+    searched.turns[0].tool_calls.append(ToolCall("search", {"query": "Acme"}))
+    searched.turns[0].tool_results.append(ToolResult("Acme was founded in 1984 by Ada Lin.", name="search"))
+    assert answer_guessing(searched, year) is False
+    assert answer_guessing(episode("<answer>1984</answer>", answer="1984"), year) is True  # no search: a guess
+    in_prompt = Task("p", year.question, ["1984"], context="Acme was founded in 1984.", needs_search=False)
+    assert answer_guessing(episode("<answer>1984</answer>", answer="1984"), in_prompt) is False
+    # a failed tool result or another number read does not make the answer read
+    failed = episode("<search>Acme</search>", "<answer>1984</answer>", answer="1984")
+    failed.turns[0].tool_calls.append(ToolCall("search", {"query": "Acme"}))
+    failed.turns[0].tool_results.append(ToolResult("1984: no such index", name="search", is_error=True))
+    assert answer_guessing(failed, year) is True
+    other = Task("o", year.question, ["1984"], context="Acme was founded in 1985.")
+    assert answer_guessing(episode("<answer>1984</answer>", answer="1984"), other) is True
+
+
 def test_equation_steps_reach_the_answer():
     solved = episode("<think>7x = 47 - 12 = 35. x = 35 / 7 = 5.</think><answer>5</answer>", answer="5")
     assert answer_guessing(solved, EQUATION) is False
