@@ -206,10 +206,18 @@ def _train_ray_learner(learner: Any, recipe: Any, run_dir: Any) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from ponder.train.plot import plot_run
+    from ponder.train.plot import compare_runs, plot_run
 
-    for path in plot_run(args.run_dir):
-        print(path)
+    if not args.compare:
+        if len(args.run_dirs) != 1 or args.key or args.out:
+            raise ValueError("one RUN_DIR, or --compare with --key and --out (see --help)")
+        for path in plot_run(args.run_dirs[0]):
+            print(path)
+        return 0
+    if not args.key or not args.out:
+        raise ValueError("--compare needs at least one --key and an --out FILE.png")
+    labels = [str(run) for run in args.run_dirs]
+    print(compare_runs(dict(zip(labels, args.run_dirs)), args.key, args.out, smooth=args.smooth))
     return 0
 
 
@@ -436,8 +444,18 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     train.set_defaults(handler=cmd_train)
 
-    plot = commands.add_parser("plot", help="write learning-curve PNGs of a run into RUN_DIR/plots")
-    plot.add_argument("run_dir", metavar="RUN_DIR")
+    plot = commands.add_parser(
+        "plot", help="write learning-curve PNGs of a run into RUN_DIR/plots, or overlay runs (--compare)",
+        description="With one RUN_DIR: every learning-curve figure of the run into RUN_DIR/plots. With "
+        "--compare: the metrics named by --key (as in metrics.jsonl, e.g. reward/mean, "
+        "kind/multi_hop/searches, val/reward), one panel each, one line per run, into --out; a demo's "
+        "metrics are read from its rl/.",
+    )  # fmt: skip
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plot.add_argument("--compare", action="store_true", help="overlay the runs instead of plotting one")
+    plot.add_argument("--key", action="append", metavar="METRIC", help="a metric to overlay (repeatable)")
+    plot.add_argument("--smooth", type=float, default=0.0, help="exponential smoothing in [0, 1) (default 0)")
+    plot.add_argument("--out", metavar="FILE.png", help="where --compare writes its figure")
     plot.set_defaults(handler=cmd_plot)
 
     demo = commands.add_parser("demo", help="evaluate, SFT warm-up, evaluate, RL, evaluate: the before/after table")

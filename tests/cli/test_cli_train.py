@@ -29,6 +29,12 @@ def test_train_resume_and_plot(tmp_path, capsys):
     written = capsys.readouterr().out.split()
     assert str(run / "plots" / "reward.png") in written
     assert (run / "plots" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "cmp.png"
+    assert main(["plot", "--compare", str(run), str(run / "sft"), "--key", "reward/mean", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(run), str(run)]) == 2  # two runs without --compare
+    assert main(["plot", "--compare", str(run), "--out", str(out)]) == 2  # no --key
+    assert "--compare needs at least one --key" in capsys.readouterr().err
 
 
 def test_unknown_estimator_fails_before_loading(tmp_path, capsys):

@@ -7,7 +7,7 @@ from ponder.train.metrics_log import read_metrics
 from ponder.train.plot import (
     DPO_PANELS, SFT_PANELS, plot_stages,
     _ema, _eval_records, _merge_by_step, _other_keys, _panel_figure, _reward_figure, _series, _train_records,
-    compare_runs, plot_run,
+    compare_runs, compare_series, plot_run,
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -85,6 +85,23 @@ def test_eval_lines_do_not_cut_gaps_into_training_series(tmp_path):
     assert np.isnan(entropy[3]) and entropy[2] == 0.7  # null stays a gap, not a zero
     _, eval_seconds = _series(_train_records(records), "time/eval_s")
     assert eval_seconds[[3, 7, 11]].tolist() == [5.0, 5.0, 5.0] and np.isnan(eval_seconds[0])
+
+
+def test_compare_overlays_several_keys_and_reads_a_demo_from_its_rl_dir(tmp_path):
+    demo = tmp_path / "demo"
+    _fake_run(demo / "rl", steps=8, reward_scale=2.0)  # a `ponder demo` keeps RL metrics in rl/
+    plain = _fake_run(tmp_path / "plain", steps=4, with_eval=False)
+    panels = compare_series({"demo": demo, "plain": plain}, ["reward/mean", "eval/em"])
+    steps, values = panels["reward/mean"]["demo"]
+    assert steps.tolist() == list(range(1, 9)) and values[-1] == pytest.approx(2.0)
+    assert panels["reward/mean"]["plain"][1].tolist() == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert panels["eval/em"]["demo"][0].tolist() == [4, 8]  # evaluations at their own steps only
+    assert not np.isfinite(panels["eval/em"]["plain"][1]).any()  # no data: an empty line, not zeros
+    out = compare_runs({"demo": demo, "plain": plain}, ["reward/mean", "eval/em", "episode/searches"],
+                       tmp_path / "three.png", smooth=0.5)  # fmt: skip
+    assert _is_png(out) and plt.get_fignums() == []
+    with pytest.raises(ValueError, match="logged 'policy/kl'"):
+        compare_series({"demo": demo}, ["reward/mean", "policy/kl"])
 
 
 def test_compare_runs_writes_one_png(tmp_path):

@@ -186,35 +186,56 @@ def _other_keys(records: list[dict[str, Any]]) -> list[str]:
     return sorted(key for key in keys - shown if not key.startswith(prefixes))
 
 
-def compare_runs(run_dirs: dict[str, str | os.PathLike[str]], key: str, out: str | os.PathLike[str],
-                 smooth: float = 0.0) -> Path:
-    """Overlay `key` against step for several runs (one line per label) in one PNG.
+def compare_runs(run_dirs: dict[str, str | os.PathLike[str]], keys: str | Sequence[str],
+                 out: str | os.PathLike[str], smooth: float = 0.0) -> Path:
+    """Overlay each of `keys` against step for several runs (one line per label, one
+    panel per key) in one PNG. A run directory without metrics.jsonl is read from its
+    rl/ (a `ponder demo` run).
 
     `smooth` in [0, 1) is TensorBoard-style exponential smoothing; when > 0 the
-    raw curve is drawn faintly behind the smoothed one. Runs without `key` appear
-    in the legend as "(no data)"; ValueError when no run has it.
+    raw curve is drawn faintly behind the smoothed one. Runs without a key appear
+    in that panel's legend as "(no data)"; ValueError naming the key when no run
+    logged it.
     """
     if not 0.0 <= smooth < 1.0:
         raise ValueError(f"smooth must be in [0, 1), got {smooth}")
-    series = {
-        label: _series(_records_for(_merge_by_step(read_metrics(run_dir)), key), key)
-        for label, run_dir in run_dirs.items()
-    }
-    if not any(np.isfinite(values).any() for _, values in series.values()):
-        raise ValueError(f"none of the runs {sorted(run_dirs)} logged {key!r}")
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for label, (steps, values) in series.items():
-        if not np.isfinite(values).any():
-            ax.plot([], [], label=f"{label} (no data)")
-        elif smooth > 0:
-            (raw,) = ax.plot(steps, values, alpha=0.25, linewidth=1)
-            ax.plot(steps, _ema(values, smooth), color=raw.get_color(), linewidth=2, label=label)
-        else:
-            _line(ax, steps, values, label=label)
-    _label_axes(ax, key, title=LABELS.get(key, key))
-    ax.legend()
+    keys = [keys] if isinstance(keys, str) else list(keys)
+    panels = compare_series(run_dirs, keys)
+    cols = min(2, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 4.5 * rows), squeeze=False)
+    for ax, (key, series) in zip(axes.flat, panels.items()):
+        for label, (steps, values) in series.items():
+            if not np.isfinite(values).any():
+                ax.plot([], [], label=f"{label} (no data)")
+            elif smooth > 0:
+                (raw,) = ax.plot(steps, values, alpha=0.25, linewidth=1)
+                ax.plot(steps, _ema(values, smooth), color=raw.get_color(), linewidth=2, label=label)
+            else:
+                _line(ax, steps, values, label=label)
+        _label_axes(ax, key, title=LABELS.get(key, key))
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
     fig.tight_layout()
     return _save(fig, Path(out))
+
+
+def compare_series(run_dirs: dict[str, str | os.PathLike[str]], keys: Sequence[str]
+                   ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """{key: {label: (steps, values)}}, what compare_runs draws; ValueError naming a
+    key that no run logged."""
+    records = {label: _merge_by_step(read_metrics(_metrics_home(Path(d)))) for label, d in run_dirs.items()}
+    panels = {key: {label: _series(_records_for(rs, key), key) for label, rs in records.items()} for key in keys}
+    for key, series in panels.items():
+        if not any(np.isfinite(values).any() for _, values in series.values()):
+            raise ValueError(f"none of the runs {sorted(run_dirs)} logged {key!r}")
+    return panels
+
+
+def _metrics_home(run_dir: Path) -> Path:
+    """The directory holding a run's RL metrics: the run itself, or a demo's rl/."""
+    return run_dir / "rl" if not (run_dir / METRICS_FILE).is_file() and (run_dir / "rl" / METRICS_FILE).is_file() else run_dir
 
 
 STAGE_LABELS = {"base": "before SFT", "sft": "after SFT", "rl": "after RL", "oracle": "oracle"}
