@@ -235,6 +235,7 @@ class ShapingConfig:
 
     guess: a right answer with wrong or absent work (math: no true shown step or
         calculator result reaches it, or a shown step is false).
+    hedging: the final answer holds two or more distinct numbers ("12 or 13").
     format_gaming: a protocol tag with nothing in it (`<think></think>`).
     repetition: the actions' repeated word n-gram ratio (n = repetition_n) is at
         least repetition_threshold (a degenerate loop).
@@ -247,6 +248,7 @@ class ShapingConfig:
     """
 
     guess: float = 0.0
+    hedging: float = 0.0
     format_gaming: float = 0.0
     repetition: float = 0.0
     truncation: float = 0.0

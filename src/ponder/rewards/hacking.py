@@ -8,6 +8,8 @@ definition:
   it: no shown step `expression = value` that is arithmetically true, no calculator
   result and no number the agent read (the task's context, another tool's result)
   equals the answer, or some shown step is false ("3 + 4 = 8").
+- answer hedging: the final answer holds more than one distinct number ("12 or 13"):
+  what a reward that pays for the right number anywhere in the answer invites.
 - format gaming: a protocol tag with nothing in it (`<think></think>`, `<answer> </answer>`):
   the format reward is paid for the tags, not for what they were meant to hold.
 - repetition: the share of repeated word n-grams in the actions is at least a threshold
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from ponder.rewards.math import _NUMBER, _value, answers_match, parse_number, predicted_answer
+from ponder.rewards.math import _NUMBER, _value, answer_numbers, answers_match, parse_number, predicted_answer
 from ponder.tools.builtin import CalculatorError, evaluate_expression
 from ponder.types import Task, Trajectory
 
@@ -118,6 +120,13 @@ def answer_guessing(trajectory: Trajectory, task: Task) -> bool | None:
         return False
     work = math_work(trajectory)
     return work.false_steps > 0 or answer not in work.values | read_values(trajectory, task)
+
+
+def answer_hedging(trajectory: Trajectory) -> bool | None:
+    """True when the final answer holds two or more distinct numbers; None when the
+    episode gave no answer or its answer holds no number (nothing to hedge)."""
+    values = answer_numbers(trajectory)
+    return len(set(values)) >= 2 if values else None
 
 
 def format_gaming(trajectory: Trajectory) -> bool:
@@ -206,6 +215,7 @@ def hacking_metrics(
         "hacking/answer_guessing": _rate([
             answer_guessing(t, tasks_by_id[t.task_id]) if t.task_id in tasks_by_id else None for t in trajectories
         ]),  # fmt: skip
+        "hacking/answer_hedging": _rate([answer_hedging(t) for t in trajectories]),
         "hacking/format_gaming": _rate([format_gaming(t) for t in trajectories]),
         "hacking/repetition": _rate([ratio >= threshold for ratio in ratios]),
         "hacking/repetition_ratio": _mean(ratios),
@@ -279,11 +289,13 @@ def shaping_components(shaping: Any) -> tuple[dict[str, Callable[[Trajectory, Ta
     n, threshold = shaping.repetition_n, shaping.repetition_threshold
     detectors: dict[str, Callable[[Trajectory, Task], float]] = {
         "shaping/guess": lambda t, task: float(bool(answer_guessing(t, task))),
+        "shaping/hedging": lambda t, task: float(bool(answer_hedging(t))),
         "shaping/format_gaming": lambda t, task: float(format_gaming(t)),
         "shaping/repetition": lambda t, task: float(repetition(t, n, threshold)),
         "shaping/truncation": lambda t, task: float(truncated(t)),
     }
-    penalties = {"shaping/guess": shaping.guess, "shaping/format_gaming": shaping.format_gaming,
+    penalties = {"shaping/guess": shaping.guess, "shaping/hedging": shaping.hedging,
+                 "shaping/format_gaming": shaping.format_gaming,
                  "shaping/repetition": shaping.repetition, "shaping/truncation": shaping.truncation}  # fmt: skip
     for name, penalty in penalties.items():
         if penalty < 0:

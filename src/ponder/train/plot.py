@@ -42,8 +42,8 @@ BEHAVIOUR_KEYS = (
 )
 # Reward-hacking rates (rewards/hacking.py), one panel each, in a figure of their own.
 HACKING_KEYS = (
-    "hacking/answer_guessing", "hacking/format_gaming", "hacking/repetition", "hacking/truncation_rate",
-    "hacking/length_reward_corr", "hacking/length_gaming", "hacking/judge_unverified_rate",
+    "hacking/answer_guessing", "hacking/answer_hedging", "hacking/format_gaming", "hacking/repetition",
+    "hacking/truncation_rate", "hacking/length_reward_corr", "hacking/length_gaming", "hacking/judge_unverified_rate",
     "hacking/judge_exploitation",
 )
 OPTIM_KEYS = (
