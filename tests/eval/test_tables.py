@@ -61,8 +61,9 @@ def test_gain_tables_fit_in_80_columns_with_every_value_whole(pairs):
     lines = _render(gain_table(pairs, "sft", "rl"))
     _assert_fits(lines)
     text = "\n".join(lines)
-    # all tasks: before (5/9 + 0.5) / 2, after (7/9 + 0.75) / 2, gain their difference
-    assert "│ all        │ 18 │ 0.528 │ 0.764 │ 0.236 │" in text
+    # all tasks: before (5/9 + 0.5) / 2, after (7/9 + 0.75) / 2, gain their difference;
+    # both runs evaluated tasks t0..t8, so n counts 9 tasks, each averaged over the runs
+    assert "│ all        │ 9 │ 0.528 │ 0.764 │ 0.236 │" in text
     # in_prompt searches: sft 1, 1, 2 and 1, 1, 1 → 7/6; rl 0, 0, 1 and 0, 0, 0 → 1/6;
     # shares: sft all searched at least once, one of six twice; rl one of six once
     assert "│ in_prompt  │ sft   │     1.17 │ 1.00 │ 0.17 │   0.00 │  1.17 │" in text

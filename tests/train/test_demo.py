@@ -150,13 +150,34 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     one = stage_gain([pair])
     assert one.before == pytest.approx(results["stages"]["base"]["reward"])
     assert one.after == pytest.approx(results["stages"]["sft"]["reward"])
-    twice = stage_gain([pair, pair])
-    assert (twice.n, twice.gain) == (2 * one.n, pytest.approx(one.gain))
+    twice = stage_gain([pair, pair])  # the same run twice is no new evidence: pooled by task
+    assert (twice.n, twice.gain, twice.se_paired) == (one.n, pytest.approx(one.gain), pytest.approx(one.se_paired))
     by_kind = [stage_gain([pair], kind) for kind in sorted(set(pair.kinds))]
     assert sum(g.n for g in by_kind) == one.n
     assert sum(g.gain * g.n for g in by_kind) / one.n == pytest.approx(one.gain)
     with pytest.raises(FileNotFoundError, match="eval-nope.parquet: missing"):
         load_stage_pair(out, "nope", "sft")
+
+
+def _scored(task_id: str, reward: float) -> Trajectory:
+    return Trajectory(task_id, [1], reward=reward)
+
+
+def test_stage_gain_clusters_runs_by_task_hand_computed():
+    # two seeds from one warm-up: the same "before" episodes, two "after" evaluations
+    before = [_scored("a", 0.0), _scored("b", 1.0), _scored("c", 0.0)]
+    seed1 = StagePair(before, [_scored("a", 1.0), _scored("b", 1.0), _scored("c", 0.0)], ["k"] * 3)
+    seed2 = StagePair(before, [_scored("a", 1.0), _scored("b", 0.0), _scored("c", 1.0)], ["k"] * 3)
+    g = stage_gain([seed1, seed2])
+    # per task: a 0 -> 1 (+1), b 1 -> 0.5 (-0.5), c 0 -> 0.5 (+0.5); mean 1/3
+    # sd of (1, -0.5, 0.5) = sqrt(((2/3)^2 + (5/6)^2 + (1/6)^2) / 2) = sqrt(7/12); se = sqrt(7/36)
+    assert (g.n, g.before, g.after) == (3, pytest.approx(1 / 3), pytest.approx(2 / 3))
+    assert (g.gain, g.se_paired) == (pytest.approx(1 / 3), pytest.approx(math.sqrt(7 / 36)))
+    # pooling the 6 pairs as independent would claim se sqrt(2/3)/sqrt(6) = 1/3 < 0.441
+    assert g.se_paired > 0.44
+    # invariant to the order of runs and of episodes within a run
+    flipped = StagePair(before[::-1], seed2.after[::-1], ["k"] * 3)
+    assert stage_gain([flipped, seed1]).se_paired == pytest.approx(g.se_paired)
 
 
 def test_searches_by_kind_hand_computed():

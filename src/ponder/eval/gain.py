@@ -3,7 +3,9 @@ tasks, pooled over runs (seeds), with its standard error.
 
 Both evaluations score the same tasks, so the gain is a paired difference; the
 unpaired standard error sqrt(se_before² + se_after²) is reported next to it as
-the conservative figure (it ignores that the same tasks were asked twice).
+the conservative figure (it ignores that the same tasks were asked twice). Runs
+are pooled by task (stage_gain): seeds evaluated on the same held-out tasks are
+not independent samples of them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from ponder.rewards.format import action_kind
 from ponder.types import Trajectory, load_trajectories
 
 # Table captions, one line each so they wrap nowhere in 80 columns.
-GAIN_CAPTION = "se paired: of the per-task differences\nse unpaired: √(se before² + se after²), conservative"
+GAIN_CAPTION = (
+    "n: tasks; runs pooled by averaging each task over them\n"
+    "se paired: of the per-task differences\nse unpaired: √(se before² + se after²), conservative"
+)
 SEARCH_CAPTION = (
     "≥ 1, ≥ 2: share of episodes that searched at least once, twice\n"
     "needed: searches made that its oracle makes too\n"
@@ -110,14 +115,21 @@ def verdict(gain: Gain, before: str = "SFT", after: str = "RL") -> str:
 
 
 def stage_gain(pairs: list[StagePair], kind: str | None = None) -> Gain:
-    """Pooled reward gain over every run's episodes (optionally one task kind only)."""
-    before, after = [], []
+    """Pooled reward gain over every run's episodes (optionally one task kind only),
+    clustered by task: each task's before and after rewards are first averaged over
+    the runs that evaluated it, then paired over tasks (n counts tasks). Runs that
+    share a warm-up (`--sft-from`) share its evaluation, the same "before" episode
+    in every run; pooling their pairs as independent would count it once per run and
+    understate the standard error. For one run it is the plain paired gain."""
+    per_task: dict[str, tuple[list[float], list[float]]] = {}
     for pair in pairs:
         for b, a, k in zip(pair.before, pair.after, pair.kinds):
             if kind is None or k == kind:
+                before, after = per_task.setdefault(b.task_id, ([], []))
                 before.append(_reward(b))
                 after.append(_reward(a))
-    return paired_gain(before, after)
+    tasks = sorted(per_task)
+    return paired_gain([mean(per_task[t][0]) for t in tasks], [mean(per_task[t][1]) for t in tasks])
 
 
 def searches_by_kind(pairs: list[StagePair], stage: str, at_least: int | None = None) -> dict[str, float]:
