@@ -415,13 +415,14 @@ def _add_reuse_flags(parser: argparse.ArgumentParser, resume: str) -> None:
 
 def cmd_gain(args: argparse.Namespace) -> int:
 
-    from ponder.eval.gain import gain_table, load_stage_pair, runs_table
+    from ponder.eval.gain import gain_table, load_evaluation, load_stage_pair, runs_table
 
     pairs = [load_stage_pair(run, args.before, args.after) for run in args.runs]
+    more = [load_evaluation(path) for path in args.more_before]
     if args.each:
-        table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after)
+        table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after, more)
     else:
-        table = gain_table(pairs, args.before, args.after)
+        table = gain_table(pairs, args.before, args.after, more)
     _console().print(table)
     return 0
 
@@ -474,12 +475,18 @@ def _add_training_commands(commands: Any) -> None:
     gain = commands.add_parser(
         "gain",
         help="reward gain of one demo stage over another on the same held-out tasks, pooled over runs (seeds)",
-    )
+        description="The paired reward gain of --after over --before on the runs' held-out tasks. Runs are "
+        "pooled by task: each task's before and after rewards are averaged over the runs (a warm-up's "
+        "evaluation shared by --sft-from runs counts once), then paired over tasks.",
+    )  # fmt: skip
     gain.add_argument("runs", nargs="+", metavar="RUN_DIR", help="`ponder demo` output directories")
     gain.add_argument("--before", default="sft", choices=["base", "sft", "rl"], help="baseline stage (default sft)")
     gain.add_argument("--after", default="rl", choices=["base", "sft", "rl"], help="stage compared (default rl)")
     gain.add_argument("--each", action="store_true",
                       help="one row per run instead of pooling (compare algorithms or settings side by side)")
+    gain.add_argument("--more-before", nargs="+", default=[], metavar="EVAL",
+                      help="more evaluations of the --before model (`ponder eval` output directories or parquet "
+                      "files, e.g. other sampling seeds), averaged into each task's before")  # fmt: skip
     gain.set_defaults(handler=cmd_gain)
 
 

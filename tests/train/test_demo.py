@@ -178,6 +178,14 @@ def test_stage_gain_clusters_runs_by_task_hand_computed():
     # invariant to the order of runs and of episodes within a run
     flipped = StagePair(before[::-1], seed2.after[::-1], ["k"] * 3)
     assert stage_gain([flipped, seed1]).se_paired == pytest.approx(g.se_paired)
+    # a second sample of the warm-up's evaluation: each task's before averages the two
+    # samples, the shared one counted once though two runs carry it
+    shared = [StagePair(before, p.after, p.kinds, before_source="warm-up") for p in (seed1, seed2)]
+    resampled = [_scored("a", 1.0), _scored("b", 1.0), _scored("c", 1.0)]
+    h = stage_gain(shared, None, [("sft-seed-1", resampled)])
+    assert (h.n, h.before) == (3, pytest.approx((0.5 + 1.0 + 0.5) / 3))  # a 0|1, b 1|1, c 0|1
+    assert h.gain == pytest.approx(2 / 3 - 2 / 3)
+    assert stage_gain(shared, "k", [("x", [_scored("z", 1.0)])]).n == 3  # tasks no run evaluated are ignored
 
 
 def test_searches_by_kind_hand_computed():

@@ -10,7 +10,9 @@ not independent samples of them.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,10 @@ class StagePair:
     after: list[Trajectory]
     kinds: list[str]
     needed: list[int] | None = None
+    # what identifies the `before` evaluation: runs that reuse one warm-up (--sft-from)
+    # carry copies of its evaluation, the same episodes, counted once when pooled;
+    # "" = this pair's own
+    before_source: str = ""
 
 
 def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl") -> StagePair:
@@ -91,7 +97,18 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl")
         raise ValueError(f"{run_dir}: task '{missing[0]}' is not in the recipe's eval split")
     kinds = [tasks[t.task_id].kind for t in first]
     needed = [sum(action_kind(a) == "search" for a in tasks[t.task_id].oracle_actions) for t in first]
-    return StagePair(first, [by_task[t.task_id] for t in first], kinds, needed)
+    source = hashlib.sha256(paths[0].read_bytes()).hexdigest()  # a copied evaluation hashes alike
+    return StagePair(first, [by_task[t.task_id] for t in first], kinds, needed, source)
+
+
+def load_evaluation(path: str | Path) -> tuple[str, list[Trajectory]]:
+    """(content hash, episodes) of an evaluation: a parquet file or a `ponder eval`
+    output directory (its trajectories.parquet)."""
+    path = Path(path)
+    path = path / "trajectories.parquet" if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; write it with `ponder eval --out DIR`")
+    return hashlib.sha256(path.read_bytes()).hexdigest(), load_trajectories(path)
 
 
 def paired_by_task(before: list[Trajectory], after: list[Trajectory]) -> Gain:
@@ -114,22 +131,30 @@ def verdict(gain: Gain, before: str = "SFT", after: str = "RL") -> str:
     return f"{head}: within noise on this run (|gain| ≤ 2 se)"
 
 
-def stage_gain(pairs: list[StagePair], kind: str | None = None) -> Gain:
+def stage_gain(
+    pairs: list[StagePair], kind: str | None = None, more_before: Sequence[tuple[str, list[Trajectory]]] = ()
+) -> Gain:
     """Pooled reward gain over every run's episodes (optionally one task kind only),
     clustered by task: each task's before and after rewards are first averaged over
-    the runs that evaluated it, then paired over tasks (n counts tasks). Runs that
-    share a warm-up (`--sft-from`) share its evaluation, the same "before" episode
-    in every run; pooling their pairs as independent would count it once per run and
-    understate the standard error. For one run it is the plain paired gain."""
-    per_task: dict[str, tuple[list[float], list[float]]] = {}
-    for pair in pairs:
+    the evaluations of it, then paired over tasks (n counts tasks). Runs that share a
+    warm-up (`--sft-from`) share its evaluation (same `before_source`): it counts once
+    per task, not once per run, which would understate the standard error.
+    `more_before`: further (source, episodes) evaluations of the before model (other
+    sampling seeds) averaged into each task's before. One run: the plain paired gain."""
+    befores: dict[str, dict[str, float]] = {}
+    afters: dict[str, list[float]] = {}
+    for index, pair in enumerate(pairs):
+        source = pair.before_source or f"pair-{index}"
         for b, a, k in zip(pair.before, pair.after, pair.kinds):
             if kind is None or k == kind:
-                before, after = per_task.setdefault(b.task_id, ([], []))
-                before.append(_reward(b))
-                after.append(_reward(a))
-    tasks = sorted(per_task)
-    return paired_gain([mean(per_task[t][0]) for t in tasks], [mean(per_task[t][1]) for t in tasks])
+                befores.setdefault(b.task_id, {})[source] = _reward(b)
+                afters.setdefault(b.task_id, []).append(_reward(a))
+    for source, episodes in more_before:
+        for episode in episodes:
+            if episode.task_id in afters:  # a task the runs evaluated, of the kind asked
+                befores[episode.task_id][source] = _reward(episode)
+    tasks = sorted(afters)
+    return paired_gain([mean(list(befores[t].values())) for t in tasks], [mean(afters[t]) for t in tasks])
 
 
 def searches_by_kind(pairs: list[StagePair], stage: str, at_least: int | None = None) -> dict[str, float]:
@@ -163,7 +188,8 @@ def _reward(trajectory: Trajectory) -> float:
     return trajectory.reward if trajectory.reward is not None else 0.0
 
 
-def gain_table(pairs: list[StagePair], before: str, after: str) -> Group:
+def gain_table(pairs: list[StagePair], before: str, after: str,
+               more_before: Sequence[tuple[str, list[Trajectory]]] = ()) -> Group:
     """Two tables, stacked so that each fits in 80 columns: the reward gain (all
     tasks, then per kind), then per kind and stage the searches per episode, the
     share of episodes that searched at least once / twice, and the needed and
@@ -174,7 +200,7 @@ def gain_table(pairs: list[StagePair], before: str, after: str) -> Group:
     reward.add_column("gain/se", justify="right")
     reward.caption = GAIN_CAPTION + "\ngain/se: gain over the unpaired se"
     for kind in [None, *kinds]:
-        g = stage_gain(pairs, kind)
+        g = stage_gain(pairs, kind, more_before)
         reward.add_row(kind or "all", *_gain_cells(g), _number(g.z))
     if not _searched(pairs):
         return Group(reward)
@@ -191,7 +217,8 @@ def gain_table(pairs: list[StagePair], before: str, after: str) -> Group:
     return Group(reward, searches)
 
 
-def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str) -> Group:
+def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str,
+               more_before: Sequence[tuple[str, list[Trajectory]]] = ()) -> Group:
     """Two tables, one row per run in each: its reward gain, then per task kind its
     searches per episode before → after."""
     reward = _reward_table(f"{after} vs {before}, per run, paired by task", "run", before, after)
@@ -201,7 +228,7 @@ def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str
     for header in ("run", *kinds):
         searches.add_column(header, justify="left" if header == "run" else "right")
     for name, pair in zip(names, pairs):
-        reward.add_row(name, *_gain_cells(stage_gain([pair])))
+        reward.add_row(name, *_gain_cells(stage_gain([pair], None, more_before)))
     if not _searched(pairs):
         return Group(reward)
     for name, pair in zip(names, pairs):
