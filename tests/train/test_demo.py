@@ -97,11 +97,22 @@ def test_sft_from_with_another_reward_scores_the_warm_up_again(first, tmp_path):
     assert new["reward"] == pytest.approx(expected)
 
 
+def test_sft_from_with_more_turns_evaluates_the_warm_up_again(first, tmp_path):
+    """More turns per episode: the same SFT weights, evaluations run again."""
+    out, results = first
+    again = run_demo(load_recipe(None, TINY + ["optim.lr=0", "env.max_turns=5"]), tmp_path / "turns",
+                     say=lambda _: None, sft_from=out)  # fmt: skip
+    assert "eval:sft" in again["timing_s"] and "sft" not in again["timing_s"]  # evaluated, not trained
+    assert again["stages"]["sft"]["episodes"] == results["stages"]["sft"]["episodes"]
+
+
 def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
     out, _ = first
-    recipe = load_recipe(None, TINY + ["env.max_turns=4"])
+    recipe = load_recipe(None, TINY + ["env.max_obs_tokens=24"])
     with pytest.raises(ValueError, match=r"recipe.yaml: section 'env' differs from this recipe"):
         run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
+    with pytest.raises(ValueError, match=r"env.max_turns 2 is below the warm-up's 3"):
+        run_demo(load_recipe(None, TINY + ["env.max_turns=2"]), tmp_path / "fewer", say=lambda _: None, sft_from=out)
     with pytest.raises(FileNotFoundError, match=r"ponder.json: missing; --sft-from needs a finished demo run"):
         run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
 

@@ -184,6 +184,25 @@ def search_split(pairs: list[StagePair], stage: str) -> dict[str | None, tuple[f
     return {kind: (mean([m for m, _ in v]), mean([e for _, e in v])) for kind, v in rows.items()}
 
 
+SEARCH_COUNTS = ("0", "1", "2", "≥3")
+
+
+def reward_by_searches(pairs: list[StagePair], stage: str) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per task kind at `stage`: for 0, 1, 2 and 3 or more searches, (share of the
+    kind's episodes that searched that often, their mean reward; NaN when none did).
+    Where RL moves episodes from a count that pays to one that does not, it shows."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    for pair in pairs:
+        for trajectory, kind in zip(getattr(pair, stage), pair.kinds):
+            count = SEARCH_COUNTS[min(int(trajectory.metrics.get("searches", 0.0)), 3)]
+            rows.setdefault(kind, {c: [] for c in SEARCH_COUNTS})[count].append(_reward(trajectory))
+    out = {}
+    for kind, by_count in sorted(rows.items()):
+        total = sum(len(v) for v in by_count.values())
+        out[kind] = {c: (len(v) / total, mean(v) if v else float("nan")) for c, v in by_count.items()}
+    return out
+
+
 def _reward(trajectory: Trajectory) -> float:
     return trajectory.reward if trajectory.reward is not None else 0.0
 
@@ -214,7 +233,20 @@ def gain_table(pairs: list[StagePair], before: str, after: str,
             needed, extra = search_split(group, stage)[kind]
             cells = [f"{value:.2f}" for value in (*shares, needed, extra)]
             searches.add_row(kind if stage == "before" else "", name, *cells, end_section=stage == "after")
-    return Group(reward, searches)
+    return Group(reward, searches, _by_searches_table(pairs, before, after))
+
+
+def _by_searches_table(pairs: list[StagePair], before: str, after: str) -> Table:
+    """Per kind and stage, each search count's share of episodes and mean reward."""
+    table = Table(title=f"episodes by searches made: share, mean reward; {before} and {after}")
+    for header in ("tasks", "stage", *SEARCH_COUNTS):
+        table.add_column(header, justify="left" if header in ("tasks", "stage") else "right")
+    stages = {name: reward_by_searches(pairs, stage) for stage, name in (("before", before), ("after", after))}
+    for kind in stages[before]:
+        for name in (before, after):
+            cells = [f"{share:4.0%} {value:+.2f}" if share else "–" for share, value in stages[name][kind].values()]
+            table.add_row(kind if name == before else "", name, *cells, end_section=name == after)
+    return table
 
 
 def runs_table(pairs: list[StagePair], names: list[str], before: str, after: str,

@@ -122,9 +122,27 @@ def _warm_up_settings(recipe: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def _more_turns(theirs: dict[str, Any], ours: dict[str, Any], run_dir: Path) -> bool:
+    """Whether `ours` allows more turns per episode than the warm-up's recipe, with
+    env.max_turns then set equal in both (in place). More turns leave the warm-up's
+    demonstrations as they were (a demonstration ends on its answer, within the old
+    limit) but change what an episode may do, so its evaluations are run again; fewer
+    turns could have cut a demonstration short and are refused."""
+    mine, saved = ours.get("env", {}).get("max_turns"), theirs.get("env", {}).get("max_turns")
+    if mine is None or saved is None or mine == saved:
+        return False
+    if mine < saved:
+        raise ValueError(f"{run_dir / 'recipe.yaml'}: env.max_turns {mine} is below the warm-up's {saved}; "
+                         "reuse allows more turns, not fewer")  # fmt: skip
+    ours["env"]["max_turns"] = saved
+    return True
+
+
 def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     """The SFT weights and pre-RL evaluations of a finished demo run, after checking
-    that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)."""
+    that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)
+    and perhaps a larger env.max_turns (then, as for another reward, its weights are
+    reused and its evaluations run again)."""
     run_dir = Path(run_dir)
     weights, results = run_dir / "sft", run_dir / "results.json"
     for path in (weights / MANIFEST, results, run_dir / "recipe.yaml"):
@@ -133,11 +151,12 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     # through load_recipe: keys added to ponder since that run was saved take their defaults
     saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
     theirs, ours = _warm_up_settings(saved), _warm_up_settings(to_dict(recipe))
+    more_turns = _more_turns(theirs, ours, run_dir)
     for section in ours:
         if ours[section] != theirs.get(section):
             raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
-    if saved["reward"] != to_dict(recipe)["reward"]:
-        return _SFTRun(weights, {})  # its evaluations were scored with another reward
+    if saved["reward"] != to_dict(recipe)["reward"] or more_turns:
+        return _SFTRun(weights, {})  # its evaluations scored another reward or episode length
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
     return _SFTRun(weights, kept)
