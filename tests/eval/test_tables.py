@@ -68,6 +68,9 @@ def test_gain_tables_fit_in_80_columns_with_every_value_whole(pairs):
     # shares: sft all searched at least once, one of six twice; rl one of six once
     assert "│ in_prompt  │ sft   │     1.17 │ 1.00 │ 0.17 │   0.00 │  1.17 │" in text
     assert "│            │ rl    │     0.17 │ 0.17 │ 0.00 │   0.00 │  0.17 │" in text
+    # by searches made, in_prompt after SFT: one search in 5 of 6 episodes (rewards 0, 1
+    # and 0.5 three times: mean 0.5), two in 1 of 6 (reward 0); none and ≥ 3 never
+    assert "│ in_prompt  │ sft   │          – │  83% +0.50 │  17% +0.00 │          – │" in text
 
 
 def test_runs_table_fits_in_80_columns_with_long_run_names(pairs):
@@ -143,4 +146,4 @@ def test_environments_without_search_get_the_reward_table_alone(pairs):
              for p in pairs]  # fmt: skip
     assert len(gain_table(quiet, "sft", "rl").renderables) == 1
     assert len(runs_table(quiet, ["a", "b"], "sft", "rl").renderables) == 1
-    assert len(gain_table(pairs, "sft", "rl").renderables) == 2  # searched: both tables
+    assert len(gain_table(pairs, "sft", "rl").renderables) == 3  # searched: the search tables too
