@@ -209,11 +209,12 @@ def _reward(trajectory: Trajectory) -> float:
 
 def gain_table(pairs: list[StagePair], before: str, after: str,
                more_before: Sequence[tuple[str, list[Trajectory]]] = ()) -> Group:
-    """Two tables, stacked so that each fits in 80 columns: the reward gain (all
-    tasks, then per kind), then per kind and stage the searches per episode, the
-    share of episodes that searched at least once / twice, and the needed and
-    extra searches per episode (search_split); the second only where an episode searched
-    (an environment without a search tool has nothing to show there)."""
+    """Three tables, stacked so that each fits in 80 columns: the reward gain (all
+    tasks, then per kind; `more_before` as in stage_gain), then per kind and stage
+    the searches per episode, the share of episodes that searched at least once /
+    twice, and the needed and extra searches per episode (search_split), then the
+    episodes by searches made (reward_by_searches); the last two only where an
+    episode searched (an environment without a search tool has nothing to show)."""
     kinds = sorted({k for pair in pairs for k in pair.kinds})
     reward = _reward_table(f"{after} vs {before}: {len(pairs)} run(s), paired by task", "tasks", before, after)
     reward.add_column("gain/se", justify="right")
