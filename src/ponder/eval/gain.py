@@ -140,21 +140,23 @@ def stage_gain(
     warm-up (`--sft-from`) share its evaluation (same `before_source`): it counts once
     per task, not once per run, which would understate the standard error.
     `more_before`: further (source, episodes) evaluations of the before model (other
-    sampling seeds) averaged into each task's before. One run: the plain paired gain."""
-    befores: dict[str, dict[str, float]] = {}
+    sampling seeds; one episode or a group per task), each episode one more sample in
+    its task's before. One run: the plain paired gain."""
+    befores: dict[str, dict[str, list[float]]] = {}  # task -> source -> its episodes' rewards
     afters: dict[str, list[float]] = {}
     for index, pair in enumerate(pairs):
         source = pair.before_source or f"pair-{index}"
         for b, a, k in zip(pair.before, pair.after, pair.kinds):
             if kind is None or k == kind:
-                befores.setdefault(b.task_id, {})[source] = _reward(b)
+                befores.setdefault(b.task_id, {})[source] = [_reward(b)]
                 afters.setdefault(b.task_id, []).append(_reward(a))
     for source, episodes in more_before:
-        for episode in episodes:
+        for episode in episodes:  # several per task where the evaluation sampled a group
             if episode.task_id in afters:  # a task the runs evaluated, of the kind asked
-                befores[episode.task_id][source] = _reward(episode)
+                befores[episode.task_id].setdefault(source, []).append(_reward(episode))
     tasks = sorted(afters)
-    return paired_gain([mean(list(befores[t].values())) for t in tasks], [mean(afters[t]) for t in tasks])
+    before = [mean([r for rewards in befores[t].values() for r in rewards]) for t in tasks]
+    return paired_gain(before, [mean(afters[t]) for t in tasks])
 
 
 def searches_by_kind(pairs: list[StagePair], stage: str, at_least: int | None = None) -> dict[str, float]:
