@@ -40,6 +40,7 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder train --recipe recipes/search_qa_ppo.yaml --out runs/ppo algo.epochs=4": TINY,
     "ponder train --resume runs/grpo train.steps=30": ["train.steps=3"],
     "ponder plot runs/grpo": [],
+    "ponder plot --compare runs/demo runs/rloo --key reward/mean --key episode/searches --out cmp.png": [],
     "ponder report runs/demo --compare runs/rloo": [],
     "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo-wb 'tracking.trackers=[tensorboard, wandb]'": TINY,
     "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --episodes 32 --out runs/eval": SMALL_WORLD,
@@ -128,6 +129,7 @@ def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "runs/rloo/results.json").read_text())["sft_from"] == "runs/demo"
     assert [json.loads(line)["step"] for line in open("runs/grpo/metrics.jsonl")] == [1, 2, 3]
     assert (tmp_path / "runs/grpo/plots/reward.png").is_file()
+    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "runs/eval/metrics.json").read_text())["model"] == "runs/grpo"
     assert (tmp_path / "runs/grpo-hf/config.json").is_file()
     assert {"corpus.jsonl", "train.jsonl", "eval.jsonl"} <= {p.name for p in (tmp_path / "data").iterdir()}
