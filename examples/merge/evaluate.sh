@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evaluate the three source runs and every merge of them on each task's held-out
 # evaluation (docs/results-personal.md, "Model merging"). Greedy decoding, one episode
-# per task (rollout.group_size=1), the recipe's own eval seed, EPISODES held-out tasks
+# per task (ponder eval's default), the recipe's own eval seed, EPISODES held-out tasks
 # per task. Usage, from the repo root:
 #   EPISODES=64 examples/merge/evaluate.sh [METHOD ...]   (default: sources + all methods)
 set -u
@@ -12,7 +12,7 @@ declare -A SOURCE=([math]=runs/math-v3 [fc]=runs/fc-s0 [qa]=runs/demo-s0)
 evaluate() {  # model task out
   local start=$SECONDS
   ponder eval --recipe "${RECIPE[$2]}" --model "$1" --episodes "$EPISODES" --out "$3" --overwrite \
-    eval.temperature=0 rollout.group_size=1 > "$3.log" 2>&1
+    eval.temperature=0 > "$3.log" 2>&1
   echo "$(date +%T) eval $1 on $2: rc=$? $((SECONDS - start))s" >> "$OUT/progress.log"
 }
 mkdir -p "$OUT"

@@ -273,7 +273,7 @@ def general_eval(model: str, label: str, episodes: int, out: Path) -> dict[str, 
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "ponder.cli", "eval", "--recipe", str(REPO / recipe),
                    "--model", model, "--episodes", str(episodes), "--out", str(run_dir), "--overwrite",
-                   "eval.temperature=0", "rollout.group_size=1"]  # fmt: skip
+                   "eval.temperature=0"]  # fmt: skip
         with open(out / "general" / f"{label}-{name}.log", "w") as log:
             subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         metrics = json.loads((run_dir / "metrics.json").read_text())

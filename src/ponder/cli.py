@@ -38,7 +38,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ponder.config import load_recipe
-    from ponder.eval import evaluate, metrics_table, save_result
+    from ponder.eval import evaluate, held_out_recipe, metrics_table, save_result
     from ponder.train.progress import item_progress
 
     from ponder.rundir import claim_run_dir
@@ -46,8 +46,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides)
     if args.model:
         recipe.model.name = args.model
-    if args.episodes is not None:
-        recipe.eval.episodes = args.episodes
+    if args.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {args.samples}")
+    # the demo's and the trainers' held-out evaluation: eval.temperature, eval.batch_size at a time
+    recipe = held_out_recipe(recipe, args.episodes)
+    recipe.rollout.group_size = args.samples
     out = claim_run_dir(args.out or recipe.eval.out, args.overwrite, create=False)
     console = Console(stderr=True)
     console.print(f"[bold]ponder eval[/] model={recipe.model.name} recipe={args.recipe or 'defaults'}")
@@ -503,7 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("eval", help="evaluate a policy on held-out search-QA tasks; writes Parquet + JSON")
     run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
     run.add_argument("--model", help=MODEL_HELP)
-    run.add_argument("--episodes", type=int, help="number of held-out tasks to run")
+    run.add_argument("--episodes", type=int, help="number of held-out tasks to run (default eval.episodes)")
+    run.add_argument("--samples", type=int, default=1, metavar="K",
+                     help="episodes sampled per task (default 1, as the demo and the trainers evaluate; "
+                     "K > 1 for pass@k or a lower-variance mean; every episode is scored)")
     run.add_argument("--out", help="output directory (default: the recipe's eval.out)")
     run.add_argument("--overwrite", action="store_true", help="replace an evaluation already in --out")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")

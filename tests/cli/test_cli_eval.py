@@ -106,3 +106,33 @@ def test_gen_tasks_writes_loadable_files(tmp_path):
     assert len(load_tasks(tmp_path / "eval.jsonl")) == 5
     assert len(load_tasks(tmp_path / "train.jsonl")) == 10
     assert len(load_corpus(tmp_path / "corpus.jsonl")) > 10
+
+
+def test_eval_runs_the_held_out_evaluation_of_the_demo(tmp_path):
+    """One episode per task at eval.temperature, eval.batch_size at a time, whatever the
+    recipe's RL group size: the episodes the demo and the trainers score, token for token."""
+    from ponder.config import load_recipe
+    from ponder.eval import evaluate, held_out_recipe
+
+    overrides = [*TINY[2:], "rollout.group_size=4", "rollout.batch_size=8", "eval.batch_size=3", "eval.temperature=1.0"]
+    out = tmp_path / "run"
+    assert main(["eval", "--model", "tiny", "--episodes", "4", "--out", str(out), *overrides]) == 0
+    mine = load_trajectories(out / "trajectories.parquet")
+    recipe = load_recipe(None, [*overrides, "model.name=tiny"])
+    theirs = evaluate(held_out_recipe(recipe, 4)).trajectories
+    assert len(mine) == 4 == len({t.task_id for t in mine})
+    assert [t.task_id for t in mine] == [t.task_id for t in theirs]
+    assert [t.response_ids for t in mine] == [t.response_ids for t in theirs]
+
+
+def test_eval_samples_k_episodes_per_task(tmp_path):
+    out = tmp_path / "run"
+    assert main(["eval", "--model", "tiny", "--episodes", "2", "--samples", "3", "--out", str(out), *TINY[2:]]) == 0
+    trajectories = load_trajectories(out / "trajectories.parquet")
+    counts = {task: sum(t.task_id == task for t in trajectories) for task in {t.task_id for t in trajectories}}
+    assert list(counts.values()) == [3, 3]
+
+
+def test_eval_refuses_zero_samples(tmp_path, capsys):
+    message = _bad_input(["--model", "tiny", "--samples", "0"], tmp_path, capsys)
+    assert "--samples must be at least 1, got 0" in message

@@ -197,7 +197,7 @@ def test_stage_gain_clusters_runs_by_task_hand_computed():
     assert (h.n, h.before) == (3, pytest.approx((0.5 + 1.0 + 0.5) / 3))  # a 0|1, b 1|1, c 0|1
     assert h.gain == pytest.approx(2 / 3 - 2 / 3)
     assert stage_gain(shared, "k", [("x", [_scored("z", 1.0)])]).n == 3  # tasks no run evaluated are ignored
-    # a sampled group per task (`ponder eval` with rollout.group_size=2): every episode is one more sample
+    # a sampled group per task (`ponder eval --samples 2`): every episode is one more sample
     group = [_scored("a", 1.0), _scored("a", 1.0), _scored("b", 0.0), _scored("b", 0.0), _scored("c", 1.0)]
     assert stage_gain(shared, None, [("grouped", group)]).before == pytest.approx((2 / 3 + 1 / 3 + 1 / 2) / 3)
 
