@@ -36,6 +36,7 @@ from ponder.rewards.math import predicted_answer
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
+from ponder.train.progress import item_progress
 from ponder.train.rl import prepare_policy
 from ponder.train.sft import sft_train
 from ponder.types import Task, Trajectory
@@ -126,11 +127,13 @@ def replay(policy: Policy, episodes: list[Trajectory], tasks_by_id: dict[str, Ta
     return trajectories
 
 
-def sample(policy: Policy, tasks: list[Task], recipe: Recipe, spec: Any, reward: Any, k: int, seed: int) -> list[Trajectory]:
+def sample(policy: Policy, tasks: list[Task], recipe: Recipe, spec: Any, reward: Any, k: int, seed: int,
+           label: str = "samples") -> list[Trajectory]:  # fmt: skip
     """`k` scored episodes per task at the recipe's sampling settings."""
     rollout = replace(recipe.rollout, group_size=k)
     backend = build_backend(policy, recipe, seed=seed)
-    trajectories, _ = RolloutEngine(backend, spec.factory, rollout).run(tasks)
+    with item_progress(label, len(tasks) * k) as advance:
+        trajectories, _ = RolloutEngine(backend, spec.factory, rollout).run(tasks, advance)
     score_trajectories(trajectories, {t.id: t for t in tasks}, reward)
     release_memory()
     return trajectories
@@ -138,7 +141,8 @@ def sample(policy: Policy, tasks: list[Task], recipe: Recipe, spec: Any, reward:
 
 def held_out_accuracy(recipe: Recipe, policy: Policy) -> dict[str, float]:
     """Greedy held-out accuracy (the verified component's mean) and its standard error."""
-    result = evaluate(held_out_recipe(recipe, recipe.improve.eval_episodes), policy)
+    with item_progress("held-out", recipe.improve.eval_episodes) as advance:
+        result = evaluate(held_out_recipe(recipe, recipe.improve.eval_episodes), policy, advance)
     values = [t.breakdown.get(recipe.improve.verified, 0.0) for t in result.trajectories]
     n = len(values)
     mean = sum(values) / n
@@ -151,7 +155,8 @@ def improve_round(policy: Policy, recipe: Recipe, spec: Any, reward: Any, tasks:
     """One round: sample, keep, rationalise, SFT, evaluate. Returns its metrics."""
     cfg, tick = recipe.improve, time.perf_counter()
     by_id = {task.id: task for task in tasks}
-    samples = sample(policy, tasks, recipe, spec, reward, cfg.samples, recipe.train.seed + index)
+    samples = sample(policy, tasks, recipe, spec, reward, cfg.samples, recipe.train.seed + index,
+                     f"round {index} samples")  # fmt: skip
     metrics: dict[str, float] = {**pass_rates(samples, cfg.verified, cfg.samples), **diversity(samples)}
     kept, dropped = keep(samples, by_id, cfg)
     solved = {t.task_id for t in kept}
@@ -159,7 +164,8 @@ def improve_round(policy: Policy, recipe: Recipe, spec: Any, reward: Any, tasks:
     if cfg.rationalize:
         failed = [hinted(task, cfg.hint) for task in tasks if task.id not in solved]
         if failed:
-            retried = sample(policy, failed, recipe, spec, reward, 1, recipe.train.seed + 7919 * index)
+            retried = sample(policy, failed, recipe, spec, reward, 1, recipe.train.seed + 7919 * index,
+                             f"round {index} hinted")  # fmt: skip
             good, more_dropped = keep(retried, {t.id: t for t in failed}, replace(cfg, max_per_task=1))
             dropped += more_dropped
             rationalised = [t for t in replay(policy, good, by_id, spec.factory, recipe) if t.turns]
@@ -167,7 +173,9 @@ def improve_round(policy: Policy, recipe: Recipe, spec: Any, reward: Any, tasks:
     metrics.update({"data/kept": float(len(kept)), "data/rationalised": float(len(rationalised)),
                     "data/guesses_dropped": float(dropped), "data/tasks_solved": len(solved) / len(tasks)})  # fmt: skip
     if data:
-        history = sft_train(policy, data, recipe.sft, recipe.train.seed + index, recipe.algo.micro_batch_size)
+        with item_progress(f"round {index} SFT steps", recipe.sft.steps) as advance:
+            history = sft_train(policy, data, recipe.sft, recipe.train.seed + index, recipe.algo.micro_batch_size,
+                                advance)  # fmt: skip
         metrics["sft/loss_first"], metrics["sft/loss_last"] = history[0]["sft/loss"], history[-1]["sft/loss"]
     release_memory()
     metrics.update(held_out_accuracy(recipe, policy))
