@@ -392,6 +392,10 @@ class AlgoConfig:
     clip_low / clip_high: PPO ratio clip below/above 1 (clip-higher: 0.28 above).
     norm_constant: divisor for `seq_mean_token_sum_norm` (e.g. max response tokens).
     kl_coef: KL coefficient against the reference (0 = no KL, no reference pass).
+    kl_reference: the reference policy: `start` (the policy as this RL run began:
+        the SFT warm-up a demo's RL continues, as TRL's and verl's reference model)
+        or `base` (the base model, adapters disabled). With fresh LoRA adapters the
+        two are the same policy.
     kl_estimator: `k1`, `k2` or `k3`. kl_in_reward: penalise rewards instead of a loss term.
     kl_target: if set, adapt kl_coef towards this KL (horizon kl_horizon episodes).
     entropy_coef: entropy bonus weight. value_coef / value_clip: PPO value loss.
@@ -431,6 +435,7 @@ class AlgoConfig:
     clip_high: float = 0.28
     norm_constant: float = 1.0
     kl_coef: float = 0.0
+    kl_reference: str = "start"
     kl_estimator: str = "k3"
     kl_in_reward: bool = False
     kl_target: float | None = None

@@ -395,3 +395,24 @@ def test_a_device_the_machine_lacks_is_a_one_line_error():
             resolve_device("cuda")
     with pytest.raises(ValueError, match=r"model.device='gpu0': not a torch device"):
         resolve_device("gpu0")
+
+
+def test_weights_swapped_sets_and_restores_even_on_error():
+    from ponder.models import trainable_snapshot, weights_swapped
+
+    layer = torch.nn.Linear(2, 1, bias=False)
+    layer.bias = None
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    snapshot = trainable_snapshot(layer)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[3.0, 5.0]]))
+    x = torch.tensor([[1.0, 1.0]])
+    with weights_swapped(layer, snapshot):
+        assert float(layer(x)) == 3.0  # 1 + 2: the snapshot's weights
+    assert float(layer(x)) == 8.0  # 3 + 5: restored
+    with pytest.raises(RuntimeError), weights_swapped(layer, snapshot):
+        raise RuntimeError("inside")
+    assert layer.weight.tolist() == [[3.0, 5.0]]
+    snapshot["weight"].fill_(0.0)  # a snapshot is a copy, not a view of the parameter
+    assert layer.weight.tolist() == [[3.0, 5.0]]

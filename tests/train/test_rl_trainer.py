@@ -3,6 +3,7 @@ gradient accumulation is exact, resume (also after SIGKILL) reproduces an
 uninterrupted run, the NaN guard keeps the last good checkpoint, and bad names or
 keys fail with messages that say what is valid."""
 
+import contextlib
 import copy
 import json
 import math
@@ -187,8 +188,9 @@ def test_no_grad_passes_do_not_depend_on_their_micro_batch_size(reference):
     if head is not None:  # the head starts at zero; give it weights that show any mix-up
         for param in head.parameters():
             torch.nn.init.normal_(param, std=0.1, generator=torch.Generator().manual_seed(0))
-    one = forward_pass_no_grad(trainer.policy, batch, 1, 1.0, head, reference=reference)
-    eight = forward_pass_no_grad(trainer.policy, batch, 8, 1.0, head, reference=reference)
+    with trainer._reference_policy() if reference else contextlib.nullcontext():
+        one = forward_pass_no_grad(trainer.policy, batch, 1, 1.0, head)
+        eight = forward_pass_no_grad(trainer.policy, batch, 8, 1.0, head)
     assert float((one * batch.loss_mask).abs().sum()) > 0
     torch.testing.assert_close(one * batch.loss_mask, eight * batch.loss_mask, atol=1e-5, rtol=1e-5)
 
@@ -563,3 +565,78 @@ def test_curriculum_run_logs_its_shares_and_resumes_bit_identical(tmp_path):
     assert got[3] == expected[3]
     with pytest.raises(ValueError, match="unknown curriculum 'hard_first'"):
         RLTrainer.from_recipe(recipe("train.curriculum=hard_first"), tmp_path / "x", reward=low_id_share)
+
+
+def _warmed_up_trainer(run_dir, *overrides):
+    """A trainer whose LoRA weights are not the fresh ones (as after the demo's SFT
+    warm-up): every trainable weight moved by seeded noise."""
+    from ponder.train.rl import prepare_policy
+
+    config = recipe(*ACCUMULATION, "algo.kl_coef=0.1", *overrides)
+    policy = prepare_policy(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in policy.model.parameters():
+            if param.requires_grad:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    return RLTrainer.from_recipe(config, run_dir, policy=policy, reward=low_id_share)
+
+
+def _reference_and_policy_logprobs(trainer, batch):
+    from ponder.train.update import forward_pass_no_grad
+
+    with trainer._reference_policy():
+        reference = forward_pass_no_grad(trainer.policy, batch, 8, 1.0) * batch.loss_mask
+    return reference, forward_pass_no_grad(trainer.policy, batch, 8, 1.0) * batch.loss_mask
+
+
+def test_kl_reference_start_is_the_policy_as_the_run_began(tmp_path):
+    from ponder.train.batch import collate
+
+    trainer = _warmed_up_trainer(tmp_path / "start")
+    trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
+    reference, policy = _reference_and_policy_logprobs(trainer, batch)
+    torch.testing.assert_close(reference, policy, atol=0, rtol=0)  # KL 0 before any update
+    trainer.train()
+    reference_after, policy_after = _reference_and_policy_logprobs(trainer, batch)
+    torch.testing.assert_close(reference_after, reference, atol=0, rtol=0)  # still the start
+    assert float((policy_after - reference).abs().max()) > 1e-3  # the policy moved away from it
+    # the weights were restored after each reference pass: the policy is the trained one
+    _, again = _reference_and_policy_logprobs(trainer, batch)
+    torch.testing.assert_close(again, policy_after, atol=0, rtol=0)
+    # kl_reference=base: the base model (adapters off), not the warmed-up start
+    base = _warmed_up_trainer(tmp_path / "base", "algo.kl_reference=base")
+    base_reference, base_policy = _reference_and_policy_logprobs(base, batch)
+    assert float((base_reference - base_policy).abs().max()) > 1e-3
+
+
+def test_kl_reference_start_and_base_agree_on_fresh_adapters(tmp_path):
+    from ponder.train.batch import collate
+
+    config = recipe(*ACCUMULATION, "algo.kl_coef=0.1")
+    start = RLTrainer.from_recipe(config, tmp_path / "s", reward=low_id_share)
+    base = RLTrainer.from_recipe(recipe(*ACCUMULATION, "algo.kl_coef=0.1", "algo.kl_reference=base"),
+                                 tmp_path / "b", reward=low_id_share)  # fmt: skip
+    assert start.reference_weights is None  # fresh adapters: the cheaper pass, adapters off
+    trajectories, _ = start.engine.run(start.sampler.next_batch(2))
+    batch = collate(trajectories, start.policy.tokenizer.pad_token_id)
+    torch.testing.assert_close(_reference_and_policy_logprobs(start, batch)[0],
+                               _reference_and_policy_logprobs(base, batch)[0], atol=1e-6, rtol=0)  # fmt: skip
+
+
+def test_a_resumed_run_keeps_its_starting_reference(tmp_path):
+    first = _warmed_up_trainer(tmp_path / "run", "train.steps=1")
+    assert first.reference_weights is not None
+    first.train()
+    second = _warmed_up_trainer(tmp_path / "run", "train.steps=1")
+    assert second.resume() == 1
+    for name, value in first.reference_weights.items():
+        assert torch.equal(second.reference_weights[name], value)
+    moved = dict(second.policy.model.named_parameters())
+    assert any(not torch.equal(moved[name], value) for name, value in second.reference_weights.items())
+
+
+def test_unknown_kl_reference_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="algo.kl_reference: unknown 'sft'; valid: start, base"):
+        RLTrainer.from_recipe(recipe("algo.kl_reference=sft"), tmp_path)

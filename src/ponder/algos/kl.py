@@ -18,6 +18,9 @@ from ponder.algos.registry import Registry
 
 KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("kl estimator")
 
+#: what algo.kl_reference may name: the policy as the RL run began, or the base model
+KL_REFERENCES = ("start", "base")
+
 #: verl's k3 clamps: the log-ratio to ±20 before exp, the estimate to ≤ 10.
 K3_LOG_RATIO_CLAMP = 20.0
 K3_MAX = 10.0

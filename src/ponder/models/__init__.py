@@ -8,6 +8,8 @@ from ponder.models.logprobs import (
     logprobs_from_logits,
     reference_logprobs,
     token_logprobs,
+    trainable_snapshot,
+    weights_swapped,
 )
 from ponder.models.lora import apply_lora, trainable_parameters
 from ponder.models.tiny import tiny_policy, tiny_tokenizer
@@ -28,4 +30,6 @@ __all__ = [
     "tiny_tokenizer",
     "token_logprobs",
     "trainable_parameters",
+    "trainable_snapshot",
+    "weights_swapped",
 ]

@@ -74,6 +74,28 @@ def adapters_disabled(model: Any) -> Iterator[None]:
         yield
 
 
+def trainable_snapshot(model: Any) -> dict[str, torch.Tensor]:
+    """A detached copy of every trainable parameter (LoRA's: a few MB), by name."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+@contextlib.contextmanager
+def weights_swapped(model: Any, weights: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Run `model` with the named parameters set to `weights` (e.g. a trainable_snapshot
+    of the policy as RL began); their values are restored on exit, gradients untouched."""
+    params = dict(model.named_parameters())
+    saved = {name: params[name].detach().clone() for name in weights}
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                params[name].copy_(value)
+
+
 @torch.no_grad()
 def reference_logprobs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0

@@ -6,6 +6,7 @@ loop looks estimators, losses and aggregations up by name in `ponder.algos`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -37,8 +38,9 @@ from ponder.algos import (
 )
 from ponder.algos.curriculum import CURRICULA
 from ponder.algos.filters import GROUP_FILTERS
+from ponder.algos.kl import KL_REFERENCES
 from ponder.config import Recipe, to_dict
-from ponder.models import Policy, apply_lora, load_policy
+from ponder.models import Policy, adapters_disabled, apply_lora, load_policy, trainable_snapshot, weights_swapped
 from ponder.models.loading import enable_gradient_checkpointing
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
@@ -179,6 +181,10 @@ class RLTrainer:
             if algo.kl_target is not None
             else FixedKLController(algo.kl_coef)
         )
+        # the weights as this run began (taken before resume() loads a checkpoint, so a
+        # resumed run keeps its original reference); None: the base model is the reference
+        starting = algo.kl_coef > 0 and algo.kl_reference == "start"
+        self.reference_weights = _starting_weights(self.policy.model) if starting else None
         self.advantage_state: dict[str, Any] = {}
         self.hacking = HackingMonitor(recipe.reward.shaping.window)  # trend detectors over steps
         self.step = 0
@@ -285,7 +291,8 @@ class RLTrainer:
         if not getattr(self.backend, "logprobs_match_trainer", True):  # vLLM: its kernels are not the trainer's
             sampled.update(recompute_old_logprobs(self.policy, batch, micro, sampling.temperature))
         if algo.kl_coef > 0:
-            batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature, reference=True)
+            with self._reference_policy():
+                batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature)
         if self.value_head is not None:
             batch.old_values = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature, self.value_head)
         logprob_s = time.perf_counter() - tick
@@ -438,6 +445,12 @@ class RLTrainer:
         self.backend.refresh()
         return self.step
 
+    def _reference_policy(self) -> contextlib.AbstractContextManager[None]:
+        """The model computes the KL reference's log-probs inside this context."""
+        if self.reference_weights is not None:
+            return weights_swapped(self.policy.model, self.reference_weights)
+        return adapters_disabled(self.policy.model)
+
     def _trainable(self) -> list[torch.nn.Parameter]:
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         return params + (list(self.value_head.parameters()) if self.value_head is not None else [])
@@ -496,6 +509,16 @@ class RLTrainer:
             self._watchdog.start()
 
 
+def _starting_weights(model: Any) -> dict[str, torch.Tensor] | None:
+    """A snapshot of the trainable weights, or None when they are fresh LoRA adapters
+    (every lora_B zero: the policy is the base model, which the reference pass gets
+    cheaper with the adapters switched off)."""
+    snapshot = trainable_snapshot(model)
+    lora_only = all("lora_A" in name or "lora_B" in name for name in snapshot)
+    fresh = lora_only and not any(bool(value.any()) for name, value in snapshot.items() if "lora_B" in name)
+    return None if fresh else snapshot
+
+
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
     KL, std scope, tracker or SFT behaviour, for wandb named but not installed, for an SFT
@@ -514,6 +537,8 @@ def check_recipe(recipe: Recipe) -> None:
     check_trackers(recipe.tracking.trackers)
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
+    if recipe.algo.kl_reference not in KL_REFERENCES:
+        raise ValueError(f"algo.kl_reference: unknown '{recipe.algo.kl_reference}'; valid: {', '.join(KL_REFERENCES)}")
     if recipe.train.async_rollouts and recipe.algo.max_staleness < 1:
         raise ValueError("train.async_rollouts samples one step behind the update: it needs algo.max_staleness >= 1, "
                          f"got {recipe.algo.max_staleness}")  # fmt: skip

@@ -7,7 +7,6 @@ mini-batch of 8 in micro-batches of 1 gives the same gradient as one pass of 8.
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from ponder.algos import (
 )
 from ponder.algos.utils import masked_mean
 from ponder.config import AlgoConfig
-from ponder.models import Policy, adapters_disabled
+from ponder.models import Policy
 from ponder.models.forward import forward_policy
 from ponder.models.value_head import ValueHead
 from ponder.train.batch import TokenBatch
@@ -61,19 +60,17 @@ def forward_pass_no_grad(
     micro_batch_size: int,
     temperature: float,
     value_head: ValueHead | None = None,
-    reference: bool = False,
 ) -> torch.Tensor:
-    """Reference logprobs (adapters disabled), value estimates (with value_head), or
-    else the current policy's logprobs, [B, L-1], in micro-batches."""
+    """Value estimates (with value_head), or else the model's logprobs as it is now
+    (the reference's inside the trainer's reference context), [B, L-1], in micro-batches."""
     out = torch.zeros_like(batch.old_logprobs)
     for start in range(0, len(batch), micro_batch_size):
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
         part = batch.select(rows).to(policy.device)
-        with adapters_disabled(policy.model) if reference else contextlib.nullcontext():
-            logprobs, _, values = forward_policy(
-                policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
-            )
-        result = values if value_head is not None and not reference else logprobs
+        logprobs, _, values = forward_policy(
+            policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
+        )
+        result = values if value_head is not None else logprobs
         out[rows, : result.shape[1]] = result.to(out.device)
     return out
 
