@@ -470,7 +470,8 @@ def _add_training_commands(commands: Any) -> None:
     demo.add_argument(
         "--sft-from",
         metavar="RUN_DIR",
-        help="reuse a finished demo run's SFT weights and pre-RL evaluations (compare RL variants from one warm-up)",
+        help="reuse a finished demo run's SFT weights and pre-RL evaluations (compare RL variants from one "
+        "warm-up; with another reward its evaluations' episodes are re-scored, with more env.max_turns run again)",
     )
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     demo.set_defaults(handler=cmd_demo)

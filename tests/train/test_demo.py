@@ -15,10 +15,10 @@ from ponder.eval.gain import (
 from ponder.fileio import dumps_strict
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint
-from ponder.train.demo import run_demo
+from ponder.train.demo import load_sft_run, run_demo
 from ponder.train.report import demo_table
 from ponder.train.rl import prepare_policy
-from ponder.types import Trajectory
+from ponder.types import Trajectory, load_trajectories
 
 TINY = [
     "model.name=tiny",
@@ -84,17 +84,32 @@ def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
     assert all(torch.equal(trained[name], sft[name]) for name in sft)
 
 
-def test_sft_from_with_another_reward_scores_the_warm_up_again(first, tmp_path):
-    """The same SFT weights, evaluated again under the new reward (never compared
-    with evaluations scored under the old one)."""
+def test_sft_from_with_another_reward_rescores_the_warm_up_episodes(first, tmp_path):
+    """The warm-up's stored episodes scored with the new reward (a reward reads finished
+    episodes): the same tokens, new rewards, nothing generated again."""
     out, results = first
     overrides = ["optim.lr=0", "reward.format=0.5"]
     again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "fmt", say=lambda _: None, sft_from=out)
-    assert "eval:sft" in again["timing_s"] and "sft" not in again["timing_s"]  # evaluated, not trained
-    old, new = results["stages"]["sft"], again["stages"]["sft"]
-    assert new["components"]["format"] == pytest.approx(old["components"]["format"])  # same weights, same episodes
-    expected = old["reward"] + 0.4 * old["components"]["format"]  # format weight 0.1 -> 0.5
-    assert new["reward"] == pytest.approx(expected)
+    assert "rescore" in again["timing_s"] and "eval:sft" not in again["timing_s"] and "sft" not in again["timing_s"]
+    for stage in ("oracle", "base", "sft"):
+        old, new = results["stages"][stage], again["stages"][stage]
+        assert new["components"]["format"] == pytest.approx(old["components"]["format"])
+        assert new["reward"] == pytest.approx(old["reward"] + 0.4 * old["components"]["format"])  # weight 0.1 -> 0.5
+        assert new["rescored_from"] == str(out)
+        before = load_trajectories(out / f"eval-{stage}.parquet")
+        after = load_trajectories(tmp_path / "fmt" / f"eval-{stage}.parquet")
+        assert [t.response_ids for t in after] == [t.response_ids for t in before]
+        for b, a in zip(before, after):
+            assert a.reward == pytest.approx(b.reward + 0.4 * b.breakdown["format"])
+
+
+def test_sft_from_with_a_judged_reward_evaluates_the_warm_up_again(first):
+    """A self-judge scores with the policy, whose weights differ between the stages: its
+    evaluations cannot be re-scored afterwards, they run again."""
+    out, _ = first
+    judged = load_sft_run(out, load_recipe(None, TINY + ["reward.judge.weight=1", "reward.judge.self_judge=true"]))
+    assert judged.stages == {} and not judged.rescore
+    assert load_sft_run(out, load_recipe(None, TINY + ["reward.format=0.5"])).rescore
 
 
 def test_sft_from_with_more_turns_evaluates_the_warm_up_again(first, tmp_path):

@@ -13,9 +13,10 @@ from typing import Any, Callable
 import yaml
 
 from ponder.config import Recipe, load_recipe, to_dict
-from ponder.eval import evaluate, held_out_recipe
+from ponder.eval import evaluate, held_out_recipe, summarise
 from ponder.fileio import atomic_path, write_json_atomic, write_text_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
+from ponder.rewards import score_trajectories
 from ponder.train.plot import plot_run, plot_stages
 from ponder.train.memory import release_memory
 from ponder.train.progress import item_progress, training_progress
@@ -23,6 +24,7 @@ from ponder.train.rl import RLTrainer, prepare_policy
 from ponder.train.sft import warm_up
 from ponder.eval.gain import paired_by_task, verdict
 from ponder.types import load_trajectories, save_trajectories
+from ponder.wiring import build_env, build_reward
 
 STAGES = ("base", "sft", "rl", "oracle")
 
@@ -61,10 +63,13 @@ def run_demo(
         parts = [f"{key} {value:.3f}" for key, value in metrics.get("components", {}).items() if value == value]
         say(f"eval {name}: reward {metrics['reward']:.3f}  " + "  ".join(parts[:4]))
 
-    if previous is not None and previous.stages:
+    if previous is not None and previous.rescore:  # the same episodes, scored with this recipe's reward
+        with item_progress("re-score the warm-up's evaluations", len(previous.stages)) as advance:
+            results["stages"].update(stage("rescore", lambda: _rescore(previous, run_dir, recipe, policy, advance)))
+    elif previous is not None and previous.stages:
         results["stages"].update(previous.stages)
         _copy_evaluations(Path(sft_from), run_dir, previous.stages)
-    else:  # a fresh run, or a reused warm-up scored with another reward: evaluate again
+    else:  # a fresh run, or a reused warm-up whose episodes would differ: evaluate again
         held_out("oracle", oracle=True)
         held_out("base")
     if previous is not None:
@@ -91,6 +96,23 @@ def run_demo(
     return results
 
 
+def _rescore(previous: _SFTRun, run_dir: Path, recipe: Recipe, policy: Any,
+             advance: Callable[..., None]) -> dict[str, Any]:  # fmt: skip
+    """The warm-up's stored evaluations scored with `recipe`'s reward (a reward reads
+    finished episodes; generation never saw it), saved in run_dir; their metrics."""
+    spec = build_env(recipe, policy.tokenizer)
+    tasks_by_id = {task.id: task for task in spec.eval}
+    reward = build_reward(recipe, spec, policy)
+    stages = {}
+    for name, metrics in previous.stages.items():
+        trajectories = load_trajectories(previous.source / f"eval-{name}.parquet")
+        score_trajectories(trajectories, tasks_by_id, reward)
+        save_trajectories(trajectories, run_dir / f"eval-{name}.parquet")
+        stages[name] = {**metrics, **summarise(trajectories, tasks_by_id), "rescored_from": str(previous.source)}
+        advance()
+    return stages
+
+
 def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> None:
     """Copy the reused stages' trajectories, so `ponder gain RUN_DIR` pairs them with RL's."""
     for name in stages:
@@ -101,13 +123,15 @@ def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> No
 
 @dataclass
 class _SFTRun:
+    source: Path  # the warm-up's run directory
     weights: Path  # the SFT stage's adapter directory
-    stages: dict[str, Any]  # its evaluations; empty when scored with another reward
+    stages: dict[str, Any]  # its evaluations; empty when they must run again
+    rescore: bool = False  # scored with another reward: re-score its stored episodes
 
 
 # Sections an RL variant may change when it reuses another run's warm-up (tracking
-# only says where metrics go; a changed reward re-scores the warm-up: its evaluations
-# are run again), and single RL-only keys of other sections (evaluation always
+# only says where metrics go; a changed reward re-scores the warm-up's evaluations),
+# and single RL-only keys of other sections (evaluation always
 # samples one episode per task).
 RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
 RL_KEYS = {"rollout": ("group_size",)}
@@ -141,8 +165,9 @@ def _more_turns(theirs: dict[str, Any], ours: dict[str, Any], run_dir: Path) -> 
 def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     """The SFT weights and pre-RL evaluations of a finished demo run, after checking
     that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)
-    and perhaps a larger env.max_turns (then, as for another reward, its weights are
-    reused and its evaluations run again)."""
+    and perhaps a larger env.max_turns (then its weights are reused and its
+    evaluations run again). With another reward its evaluations' stored episodes
+    are re-scored (run again when a judge model scores them)."""
     run_dir = Path(run_dir)
     weights, results = run_dir / "sft", run_dir / "results.json"
     for path in (weights / MANIFEST, results, run_dir / "recipe.yaml"):
@@ -155,11 +180,19 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     for section in ours:
         if ours[section] != theirs.get(section):
             raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
-    if saved["reward"] != to_dict(recipe)["reward"] or more_turns:
-        return _SFTRun(weights, {})  # its evaluations scored another reward or episode length
+    if more_turns:  # episodes may now run longer: its evaluations run again
+        return _SFTRun(run_dir, weights, {})
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
-    return _SFTRun(weights, kept)
+    if saved["reward"] == to_dict(recipe)["reward"]:
+        return _SFTRun(run_dir, weights, kept)
+    # Another reward: the same episodes, re-scored, unless a judge model scores them
+    # (a self-judge is the policy, whose weights differ between the stages), or an
+    # evaluation's episodes were not kept.
+    stored = all((run_dir / f"eval-{name}.parquet").is_file() for name in kept)
+    if recipe.reward.judge.weight == 0 and not recipe.reward.judge.self_judge and kept and stored:
+        return _SFTRun(run_dir, weights, kept, rescore=True)
+    return _SFTRun(run_dir, weights, {})
 
 
 def _train_rl(recipe: Recipe, run_dir: Path, policy: Any) -> None:
