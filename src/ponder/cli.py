@@ -508,9 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
     run.add_argument("--model", help=MODEL_HELP)
     run.add_argument("--episodes", type=int, help="number of held-out tasks to run (default eval.episodes)")
-    run.add_argument("--samples", type=int, default=1, metavar="K",
-                     help="episodes sampled per task (default 1, as the demo and the trainers evaluate; "
-                     "K > 1 for pass@k or a lower-variance mean; every episode is scored)")
+    run.add_argument("--samples", type=int, default=1, metavar="K", help="episodes sampled per task (default 1, "
+                     "as the demo evaluates; K > 1 for pass@k or a lower-variance mean)")
     run.add_argument("--out", help="output directory (default: the recipe's eval.out)")
     run.add_argument("--overwrite", action="store_true", help="replace an evaluation already in --out")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")

@@ -90,7 +90,7 @@ def test_sft_from_with_another_reward_rescores_the_warm_up_episodes(first, tmp_p
     out, results = first
     overrides = ["optim.lr=0", "reward.format=0.5"]
     again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "fmt", say=lambda _: None, sft_from=out)
-    assert "rescore" in again["timing_s"] and "eval:sft" not in again["timing_s"] and "sft" not in again["timing_s"]
+    assert "reuse" in again["timing_s"] and "eval:sft" not in again["timing_s"] and "sft" not in again["timing_s"]
     for stage in ("oracle", "base", "sft"):
         old, new = results["stages"][stage], again["stages"][stage]
         assert new["components"]["format"] == pytest.approx(old["components"]["format"])

@@ -63,12 +63,8 @@ def run_demo(
         parts = [f"{key} {value:.3f}" for key, value in metrics.get("components", {}).items() if value == value]
         say(f"eval {name}: reward {metrics['reward']:.3f}  " + "  ".join(parts[:4]))
 
-    if previous is not None and previous.rescore:  # the same episodes, scored with this recipe's reward
-        with item_progress("re-score the warm-up's evaluations", len(previous.stages)) as advance:
-            results["stages"].update(stage("rescore", lambda: _rescore(previous, run_dir, recipe, policy, advance)))
-    elif previous is not None and previous.stages:
-        results["stages"].update(previous.stages)
-        _copy_evaluations(Path(sft_from), run_dir, previous.stages)
+    if previous is not None and previous.stages:
+        results["stages"].update(stage("reuse", lambda: _reused_evaluations(previous, run_dir, recipe, policy)))
     else:  # a fresh run, or a reused warm-up whose episodes would differ: evaluate again
         held_out("oracle", oracle=True)
         held_out("base")
@@ -96,10 +92,16 @@ def run_demo(
     return results
 
 
-def _rescore(previous: _SFTRun, run_dir: Path, recipe: Recipe, policy: Any,
-             advance: Callable[..., None]) -> dict[str, Any]:  # fmt: skip
-    """The warm-up's stored evaluations scored with `recipe`'s reward (a reward reads
-    finished episodes; generation never saw it), saved in run_dir; their metrics."""
+def _reused_evaluations(previous: _SFTRun, run_dir: Path, recipe: Recipe, policy: Any) -> dict[str, Any]:
+    """The warm-up's evaluations, their episodes copied into run_dir (so `ponder gain
+    RUN_DIR` pairs them with RL's) or, with another reward, re-scored with `recipe`'s
+    (a reward reads finished episodes; generation never saw it). Their metrics."""
+    if not previous.rescore:
+        for name in previous.stages:
+            if (previous.source / f"eval-{name}.parquet").is_file():
+                with atomic_path(run_dir / f"eval-{name}.parquet") as tmp:
+                    shutil.copyfile(previous.source / f"eval-{name}.parquet", tmp)
+        return previous.stages
     spec = build_env(recipe, policy.tokenizer)
     tasks_by_id = {task.id: task for task in spec.eval}
     reward = build_reward(recipe, spec, policy)
@@ -109,16 +111,7 @@ def _rescore(previous: _SFTRun, run_dir: Path, recipe: Recipe, policy: Any,
         score_trajectories(trajectories, tasks_by_id, reward)
         save_trajectories(trajectories, run_dir / f"eval-{name}.parquet")
         stages[name] = {**metrics, **summarise(trajectories, tasks_by_id), "rescored_from": str(previous.source)}
-        advance()
     return stages
-
-
-def _copy_evaluations(source: Path, run_dir: Path, stages: dict[str, Any]) -> None:
-    """Copy the reused stages' trajectories, so `ponder gain RUN_DIR` pairs them with RL's."""
-    for name in stages:
-        if (source / f"eval-{name}.parquet").is_file():
-            with atomic_path(run_dir / f"eval-{name}.parquet") as tmp:
-                shutil.copyfile(source / f"eval-{name}.parquet", tmp)
 
 
 @dataclass
