@@ -82,6 +82,27 @@ def test_rounds_keep_verified_samples_and_train(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
     assert (tmp_path / "round-02" / "ponder.json").is_file()
     assert json.loads((tmp_path / "results.json").read_text())["rounds"][2]["data/kept"] == 6.0
+    assert (tmp_path / "rounds.png").stat().st_size > 0
+    assert "round" not in read_metrics(tmp_path)[0]  # the step is the round
+
+
+def test_rounds_figure_shows_each_rounds_numbers(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from ponder.train import plot
+
+    shown = []
+    monkeypatch.setattr(plot, "_save", lambda fig, path: shown.append(fig) or path)
+    records = [{"round": 0, "eval/accuracy": 0.5, "eval/accuracy_se": 0.1},
+               {"round": 1, "eval/accuracy": 0.75, "eval/accuracy_se": 0.05, "samples/pass@1": 0.4,
+                "samples/pass@4": 0.9, "diversity/distinct_answers": 0.5}]  # fmt: skip
+    plot.plot_rounds(records, tmp_path / "r.png")
+    accuracy, pass_k, diverse = shown[0].axes
+    assert list(accuracy.lines[0].get_ydata()) == [0.5, 0.75]
+    lines = {line.get_label(): list(line.get_ydata()) for line in pass_k.lines}
+    assert lines["pass@1"][1] == 0.4 and lines["pass@4"][1] == 0.9 and lines["pass@1"][0] != lines["pass@1"][0]  # NaN
+    assert [line.get_label() for line in diverse.lines] == ["distinct_answers"]
+    plt.close(shown[0])
 
 
 def test_failed_tasks_are_rationalised_with_the_hint_and_trained_without_it(tmp_path):

@@ -36,6 +36,7 @@ from ponder.rewards.math import predicted_answer
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
+from ponder.train.plot import plot_rounds
 from ponder.train.progress import item_progress
 from ponder.train.rl import prepare_policy
 from ponder.train.sft import sft_train
@@ -204,7 +205,7 @@ def run_improve(recipe: Recipe, out: str | Path, sft_from: str | Path | None = N
     records = [{"round": 0, **held_out_accuracy(recipe, policy)}]
     say(_line(records[0]))
     with MetricsLog(out, tensorboard=False) as log:
-        log.log(0, records[0])
+        log.log(0, {key: value for key, value in records[0].items() if key != "round"})
         for index in range(1, recipe.improve.rounds + 1):
             metrics = improve_round(policy, recipe, spec, reward, tasks, index)
             save_trained(policy, out / f"round-{index:02d}")
@@ -212,6 +213,7 @@ def run_improve(recipe: Recipe, out: str | Path, sft_from: str | Path | None = N
             log.log(index, metrics)
             say(_line(records[-1]))
             write_json_atomic(out / "results.json", {"rounds": records, "sft_from": str(sft_from or "")})
+            plot_rounds(records, out / "rounds.png")
     return records
 
 

@@ -266,6 +266,27 @@ def plot_stages(results: dict[str, Any], out: str | os.PathLike[str]) -> Path:
     return _save(fig, Path(out))
 
 
+def plot_rounds(records: list[dict[str, Any]], out: str | os.PathLike[str]) -> Path:
+    """`ponder improve`'s rounds (its results.json "rounds"): held-out accuracy ± one
+    standard error, the samples' pass@1 / pass@K, and their diversity, by round."""
+    rounds = np.array([r["round"] for r in records], dtype=float)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    accuracy, se = (np.array([_number(r.get(key)) for r in records]) for key in ("eval/accuracy", "eval/accuracy_se"))
+    axes[0].errorbar(rounds, accuracy, yerr=np.nan_to_num(se), marker="o", capsize=3)
+    panels = ((axes[1], "samples/pass@", "samples on the training tasks"),
+              (axes[2], "diversity/distinct_", "distinct per task (1 = all differ)"))  # fmt: skip
+    for ax, prefix, ylabel in panels:
+        for key in sorted({key for r in records for key in r if key.startswith(prefix)}):
+            _line(ax, rounds, np.array([_number(r.get(key)) for r in records]), label=key.split("/")[-1])
+        ax.legend(fontsize=8)
+        ax.set_ylabel(ylabel)
+    for ax, title in zip(axes, ("held-out accuracy (greedy)", "pass@k", "diversity")):
+        _label_axes(ax, ax.get_ylabel() or "accuracy", title)
+        ax.set_xlabel("round (0 = before any)")
+    fig.tight_layout()
+    return _save(fig, Path(out))
+
+
 def _reward_figure(records: list[dict[str, Any]], title: str) -> plt.Figure | None:
     """Mean reward with a ±std band and each reward component on one axes; counts
     among the components (COUNT_COMPONENTS, penalty/*) on a second axes below."""
