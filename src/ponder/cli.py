@@ -48,9 +48,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         recipe.model.name = args.model
     if args.samples < 1:
         raise ValueError(f"--samples must be at least 1, got {args.samples}")
-    # the demo's and the trainers' held-out evaluation: eval.temperature, eval.batch_size at a time
-    recipe = held_out_recipe(recipe, args.episodes)
-    recipe.rollout.group_size = args.samples
+    recipe = held_out_recipe(recipe, args.episodes, args.samples)  # the demo's held-out evaluation
     out = claim_run_dir(args.out or recipe.eval.out, args.overwrite, create=False)
     console = Console(stderr=True)
     console.print(f"[bold]ponder eval[/] model={recipe.model.name} recipe={args.recipe or 'defaults'}")

@@ -87,12 +87,12 @@ def evaluate(
     return EvalResult(trajectories, metrics, stats, tasks)
 
 
-def held_out_recipe(recipe: Recipe, episodes: int | None = None) -> Recipe:
-    """The recipe for held-out evaluation: one episode per task at eval.temperature (0 = greedy),
-    eval.batch_size episodes at a time."""
+def held_out_recipe(recipe: Recipe, episodes: int | None = None, samples: int = 1) -> Recipe:
+    """The recipe for held-out evaluation: `samples` episodes per task (one, unless pass@k
+    is wanted) at eval.temperature (0 = greedy), eval.batch_size episodes at a time."""
     sampling = replace(recipe.rollout.sampling, temperature=recipe.eval.temperature)
     batch_size = recipe.eval.batch_size or recipe.rollout.batch_size
-    rollout = replace(recipe.rollout, sampling=sampling, group_size=1, batch_size=batch_size)
+    rollout = replace(recipe.rollout, sampling=sampling, group_size=samples, batch_size=batch_size)
     evaluation = replace(recipe.eval, episodes=episodes) if episodes is not None else recipe.eval
     return replace(recipe, rollout=rollout, eval=evaluation)
 
