@@ -112,6 +112,18 @@ def test_sft_from_with_a_judged_reward_evaluates_the_warm_up_again(first):
     assert load_sft_run(out, load_recipe(None, TINY + ["reward.format=0.5"])).rescore
 
 
+def test_sft_from_with_another_sampler_reuses_the_warm_up(first):
+    """The vLLM backend samples the same policy: an RL variant on it reuses the warm-up's
+    weights and evaluations; a change to the sampling itself is another warm-up."""
+    out, results = first
+    reused = load_sft_run(out, load_recipe(None, TINY + ["rollout.backend=vllm", "rollout.vllm_retries=0"]))
+    assert sorted(reused.stages) == ["base", "oracle", "sft"] and not reused.rescore
+    for stage, metrics in reused.stages.items():  # strict JSON: NaN standard errors are null there
+        assert dumps_strict(metrics, sort_keys=True) == dumps_strict(results["stages"][stage], sort_keys=True)
+    with pytest.raises(ValueError, match="section 'rollout' differs"):
+        load_sft_run(out, load_recipe(None, TINY + ["rollout.sampling.max_new_tokens_per_turn=7"]))
+
+
 def test_sft_from_with_more_turns_evaluates_the_warm_up_again(first, tmp_path):
     """More turns per episode: the same SFT weights, evaluations run again."""
     out, results = first

@@ -124,10 +124,13 @@ class _SFTRun:
 
 # Sections an RL variant may change when it reuses another run's warm-up (tracking
 # only says where metrics go; a changed reward re-scores the warm-up's evaluations),
-# and single RL-only keys of other sections (evaluation always
-# samples one episode per task).
+# and single keys of other sections: group_size (evaluation always samples one
+# episode per task) and the sampler (the backend draws from the same policy; the
+# warm-up's evaluations stay the ones it made, and the RL stage's are made by the new
+# backend: `ponder eval` the result to compare with one sampler).
 RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
-RL_KEYS = {"rollout": ("group_size",)}
+RL_KEYS = {"rollout": ("group_size", "backend", "vllm_url", "vllm_python", "vllm_timeout_s", "vllm_retries",
+                       "vllm_start_timeout_s")}
 
 
 def _warm_up_settings(recipe: dict[str, Any]) -> dict[str, Any]:
