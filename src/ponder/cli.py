@@ -418,8 +418,10 @@ def cmd_gain(args: argparse.Namespace) -> int:
 
     from ponder.eval.gain import gain_table, load_evaluation, load_stage_pair, runs_table
 
-    pairs = [load_stage_pair(run, args.before, args.after) for run in args.runs]
-    more = [load_evaluation(path) for path in args.more_before]
+    pairs = [load_stage_pair(run, args.before, args.after, args.metric) for run in args.runs]
+    more = [load_evaluation(path, args.metric) for path in args.more_before]
+    if args.metric:
+        _console().print(f"scored by the reward component '{args.metric}', not the total reward")
     if args.each:
         table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after, more)
     else:
@@ -489,6 +491,9 @@ def _add_training_commands(commands: Any) -> None:
     gain.add_argument("--more-before", nargs="+", default=[], metavar="EVAL",
                       help="more evaluations of the --before model (`ponder eval` output directories or parquet "
                       "files, e.g. other sampling seeds), averaged into each task's before")  # fmt: skip
+    gain.add_argument("--metric", metavar="COMPONENT",
+                      help="compare one reward component instead of the total reward, e.g. math's verified "
+                      "`correct` when the runs were paid different rewards (a process reward, a hackable one)")
     gain.set_defaults(handler=cmd_gain)
 
 

@@ -195,6 +195,12 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     assert sum(g.gain * g.n for g in by_kind) / one.n == pytest.approx(one.gain)
     with pytest.raises(FileNotFoundError, match="eval-nope.parquet: missing"):
         load_stage_pair(out, "nope", "sft")
+    # one reward component instead of the total (`ponder gain --metric em`)
+    em = stage_gain([load_stage_pair(out, "base", "sft", metric="em")])
+    assert em.before == pytest.approx(results["stages"]["base"]["components"]["em"])
+    assert em.after == pytest.approx(results["stages"]["sft"]["components"]["em"])
+    with pytest.raises(ValueError, match=r"eval-base.parquet: episode of task '.+' has no reward component 'nope'"):
+        load_stage_pair(out, "base", "sft", metric="nope")
 
 
 def _scored(task_id: str, reward: float) -> Trajectory:

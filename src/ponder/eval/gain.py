@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Group
@@ -77,8 +77,26 @@ class StagePair:
     before_source: str = ""
 
 
-def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl") -> StagePair:
-    """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder demo`)."""
+def scored_by(trajectories: list[Trajectory], metric: str | None, source: str) -> list[Trajectory]:
+    """The episodes with one reward component (e.g. math's verified `correct`, logged
+    at any weight) in place of the total reward, so every gain table compares it;
+    `metric` None: unchanged. An episode without that component is an error naming
+    `source` and the components it has, never a silent 0."""
+    if metric is None:
+        return trajectories
+    scored = []
+    for trajectory in trajectories:
+        if metric not in trajectory.breakdown:
+            have = ", ".join(sorted(trajectory.breakdown)) or "none"
+            raise ValueError(f"{source}: episode of task '{trajectory.task_id}' has no reward component "
+                             f"'{metric}' (it has: {have})")  # fmt: skip
+        scored.append(replace(trajectory, reward=trajectory.breakdown[metric]))
+    return scored
+
+
+def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl", metric: str | None = None) -> StagePair:
+    """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder
+    demo`); `metric` scores them by one reward component (scored_by)."""
     from ponder.wiring import build_env
 
     run_dir = Path(run_dir)
@@ -86,7 +104,7 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl")
     for path in paths:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; run `ponder demo --out {run_dir}` first")
-    first, second = (load_trajectories(p) for p in paths)
+    first, second = (scored_by(load_trajectories(p), metric, str(p)) for p in paths)
     by_task = {t.task_id: t for t in second}
     if sorted(by_task) != sorted(t.task_id for t in first):
         raise ValueError(f"{run_dir}: stages '{before}' and '{after}' evaluated different tasks")
@@ -101,14 +119,14 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl")
     return StagePair(first, [by_task[t.task_id] for t in first], kinds, needed, source)
 
 
-def load_evaluation(path: str | Path) -> tuple[str, list[Trajectory]]:
+def load_evaluation(path: str | Path, metric: str | None = None) -> tuple[str, list[Trajectory]]:
     """(content hash, episodes) of an evaluation: a parquet file or a `ponder eval`
-    output directory (its trajectories.parquet)."""
+    output directory (its trajectories.parquet); `metric` as in load_stage_pair."""
     path = Path(path)
     path = path / "trajectories.parquet" if path.is_dir() else path
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; write it with `ponder eval --out DIR`")
-    return hashlib.sha256(path.read_bytes()).hexdigest(), load_trajectories(path)
+    return hashlib.sha256(path.read_bytes()).hexdigest(), scored_by(load_trajectories(path), metric, str(path))
 
 
 def paired_by_task(before: list[Trajectory], after: list[Trajectory]) -> Gain:
