@@ -94,7 +94,9 @@ def scored_by(trajectories: list[Trajectory], metric: str | None, source: str) -
     return scored
 
 
-def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl", metric: str | None = None) -> StagePair:
+def load_stage_pair(
+    run_dir: str | Path, before: str = "sft", after: str = "rl", metric: str | None = None
+) -> StagePair:
     """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder
     demo`); `metric` scores them by one reward component (scored_by)."""
     from ponder.wiring import build_env
