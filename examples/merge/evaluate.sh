@@ -7,8 +7,8 @@
 set -u
 EPISODES=${EPISODES:-64}
 OUT=${OUT:-/tmp/ponder-merge}
-declare -A RECIPE=([math]=runs/math-v3/recipe.yaml [fc]=runs/fc-s0/recipe.yaml [qa]=runs/demo-s0/recipe.yaml)
-declare -A SOURCE=([math]=runs/math-v3 [fc]=runs/fc-s0 [qa]=runs/demo-s0)
+declare -A RECIPE=([math]=runs/math-grpo-s0/recipe.yaml [fc]=runs/fc-s0/recipe.yaml [qa]=runs/i23/p-s0/recipe.yaml)
+declare -A SOURCE=([math]=runs/math-grpo-s0 [fc]=runs/fc-s0 [qa]=runs/i23/p-s0)
 evaluate() {  # model task out
   local start=$SECONDS
   ponder eval --recipe "${RECIPE[$2]}" --model "$1" --episodes "$EPISODES" --out "$3" --overwrite \

@@ -382,7 +382,9 @@ class AlgoConfig:
     """The RL algorithm, as configuration (the trainer never branches on names).
 
     advantage: `grpo`, `rloo`, `reinforce`, `gae` (PPO, needs the value head) or
-        `turn` (turn-level credit: search cost at its turn, outcome at the last).
+        `turn` (turn-level credit: search cost at its turn, outcome at the last,
+        baselines per turn position) or `togo` (each turn's reward-to-go against the
+        task's baseline).
     loss: `ppo` (clipped surrogate) or `vanilla` (policy gradient).
     aggregation: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
     norm_by_std: GRPO/turn std normalisation (False = Dr. GRPO).

@@ -50,7 +50,7 @@ def per_episode(advantages, mask):
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError) as err:
         compute_advantages("ppo2", outcome_input([1.0], ["a"]))
-    assert str(err.value) == "unknown advantage estimator 'ppo2'; valid: gae, grpo, reinforce, rloo, turn"
+    assert str(err.value) == "unknown advantage estimator 'ppo2'; valid: gae, grpo, reinforce, rloo, togo, turn"
 
 
 def test_registry_refuses_a_second_object_under_a_taken_name():
@@ -231,6 +231,44 @@ def test_turn_hand_example():
     torch.testing.assert_close(adv, T([[h, h, 0, h, 0, 0, 0], [-h, 0, -h, -h, 0, 0, 0]], dtype=torch.float64))
 
 
+def test_togo_hand_example():
+    # γ = 1: ep0 G = [0.8, 0.9, 1.0], ep1 G = [−0.1, 0.0]; baseline = mean of the totals
+    # [0.8, −0.1] = 0.35 → Dr.: ep0 [0.45, 0.55, 0.65], ep1 [−0.45, −0.35]
+    adv, ret = compute_advantages("togo", turn_input(), AdvantageConfig(norm_by_std=False))
+    expected = T([[0.45, 0.45, 0, 0.55, 0, 0.65, 0.65], [-0.45, 0, -0.35, -0.35, 0, 0, 0]], dtype=torch.float64)
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, T([[0.8, 0.8, 0, 0.9, 0, 1.0, 1.0], [-0.1, 0, 0, 0, 0, 0, 0]],
+                                      dtype=torch.float64))
+    # with std: the totals' std (n−1) is 0.9·/√2 = 0.636396 for every turn
+    adv, _ = compute_advantages("togo", turn_input(), AdvantageConfig(eps=0.0))
+    torch.testing.assert_close(adv, expected / (0.9 / math.sqrt(2)))
+
+
+@pytest.mark.parametrize("std_scope", ["group", "batch"])
+def test_togo_with_every_reward_at_the_last_turn_is_grpo(std_scope):
+    inp = rich_input(seed=2)
+    last = inp.turn_mask.sum(1) - 1
+    inp.turn_rewards = torch.zeros_like(inp.turn_rewards).scatter(1, last[:, None], inp.rewards[:, None])
+    cfg = AdvantageConfig(std_scope=std_scope)
+    togo, _ = compute_advantages("togo", inp, cfg)
+    grpo, _ = compute_advantages("grpo", inp, cfg)
+    torch.testing.assert_close(togo, grpo, rtol=0, atol=1e-12)
+
+
+def test_togo_leaves_an_unscorable_episode_out_of_the_baseline():
+    inp = turn_input()
+    three = AdvantageInput(
+        T([1.0, 0.0, float("nan")], dtype=torch.float64), torch.cat([inp.loss_mask, inp.loss_mask[:1]]),
+        ["g", "g", "g"], torch.cat([inp.turn_ids, inp.turn_ids[:1]]),
+        torch.cat([inp.turn_rewards, T([[-0.1, float("nan"), 0.0]], dtype=torch.float64)]),
+        torch.cat([inp.turn_mask, inp.turn_mask[:1]]),
+    )  # fmt: skip
+    with_nan, _ = compute_advantages("togo", three)
+    without, _ = compute_advantages("togo", inp)
+    torch.testing.assert_close(with_nan[:2], without)
+    assert torch.all(with_nan[2] == 0)
+
+
 def test_discounted_turn_returns_ignores_turns_past_the_end():
     r = T([[1.0, 2.0, 1e9]])
     # γ = 0.5: G1 = 2, G0 = 1 + 0.5·2 = 2; the masked third turn does not count
@@ -330,7 +368,7 @@ def test_permuting_episodes_permutes_advantages(name):
     torch.testing.assert_close(pret, ret[perm], atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "turn"])
+@pytest.mark.parametrize("name", ["grpo", "rloo", "turn", "togo"])
 @pytest.mark.parametrize("norm_by_std", [True, False])
 def test_identical_rewards_in_a_group_give_exactly_zero(name, norm_by_std):
     inp = rich_input()

@@ -367,6 +367,42 @@ def turn_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
             _turns_to_tokens(returns, inp.turn_ids, inp.loss_mask).to(dtype))
 
 
+@ADVANTAGES.register("togo")
+@torch.no_grad()
+def togo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, Any]):
+    """Reward-to-go against the task's baseline: the tokens of turn k of episode i get
+    (G_ik − mean_g G_0) / (std_g G_0 + eps), G_ik = Σ_{j≥k} γ^{j−k} r_ij from the
+    per-turn rewards, mean_g and std_g over the episode totals G_0 of i's group (std
+    per std_scope; centred only without norm_by_std). A turn is credited with what
+    came at or after it (a search's cost reaches that search and the turns before it,
+    not the answer after it), measured against one baseline per task, so unlike `turn`
+    no turn position is compared with another episode's turn at that position. With
+    every reward at the last turn and γ = 1 (one turn, say) it is `grpo`.
+    Groups whose totals all tie get 0, as in `grpo`. Returns = G_ik on turn k's tokens.
+    """
+    _check(inp, "togo", "turn_ids", "turn_rewards", "turn_mask")
+    turn_rewards = inp.turn_rewards.double()
+    if inp.token_rewards is not None:
+        turn_rewards = turn_rewards + _tokens_to_turns(inp.token_rewards, inp.turn_ids, inp.loss_mask,
+                                                       turn_rewards.shape[1])
+    valid = inp.turn_mask.bool() & torch.isfinite(turn_rewards.sum(1, keepdim=True))
+    returns = discounted_turn_returns(torch.where(valid, turn_rewards, 0.0), valid, cfg.gamma)
+    groups = group_index(inp.group_ids).to(returns.device)
+    totals, first = returns[:, :1], valid[:, :1]
+    stats = {name: s[groups] for name, s in group_stats(totals, first, groups).items()}
+    keep = valid & first & (stats["count"] >= 2) & (stats["spread"] > 0)
+    centered = returns - stats["mean"]
+    if cfg.norm_by_std:
+        if cfg.std_scope not in STD_SCOPES:
+            raise ValueError(f"unknown std_scope {cfg.std_scope!r}; valid: {', '.join(STD_SCOPES)}")
+        std = stats["std"] if cfg.std_scope == "group" else _column_std(totals - stats["mean"],
+                                                                         first & (stats["count"] >= 2))
+        centered = centered / (std + cfg.eps)
+    dtype = _out_dtype(inp)
+    return (_turns_to_tokens(torch.where(keep, centered, 0.0), inp.turn_ids, inp.loss_mask).to(dtype),
+            _turns_to_tokens(returns, inp.turn_ids, inp.loss_mask).to(dtype))
+
+
 def _tokens_to_turns(token_values: torch.Tensor, turn_ids: torch.Tensor, loss_mask: torch.Tensor,
                      n_turns: int) -> torch.Tensor:
     """[B, T] → [B, K]: sum of the policy-token values of each turn."""
