@@ -7,7 +7,8 @@
 set -u
 EPISODES=${EPISODES:-64}
 OUT=${OUT:-/tmp/ponder-merge}
-declare -A RECIPE=([math]=runs/math-grpo-s0/recipe.yaml [fc]=runs/fc-s0/recipe.yaml [qa]=runs/i23/p-s0/recipe.yaml)
+declare -A RECIPE=([math]=runs/math-grpo-s0/recipe.yaml [fc]=runs/fc-s0/recipe.yaml
+                   [qa]=runs/i23/p-s0/recipe.yaml)
 declare -A SOURCE=([math]=runs/math-grpo-s0 [fc]=runs/fc-s0 [qa]=runs/i23/p-s0)
 evaluate() {  # model task out
   local start=$SECONDS

@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--micro-batch", type=int, default=4, help="pairs per forward pass (memory only)")
     add("--lr", type=float, default=1e-3, help="peak learning rate of an update")
     add("--beta", type=float, default=0.1, help="DPO beta: the strength of the KL anchor to the base")
+    add("--rpo-alpha", type=float, default=0.0,
+        help="weight of the rewritten reply's per-token NLL added to DPO's loss (RPO); 0 = plain DPO")
     add("--lora-r", type=int, default=8, help="LoRA rank of a user's adapter (alpha = 2r)")
     add("--general", action="store_true", help="also `ponder eval` the base (search-QA, math) before, after")
     add("--general-episodes", type=int, default=32, help="held-out tasks per general evaluation")
@@ -88,7 +90,8 @@ def personal_config(args: argparse.Namespace) -> Any:
     from ponder.personal.config import PersonalConfig
 
     return PersonalConfig(steps=args.steps, batch_size=args.dpo_batch, micro_batch_size=args.micro_batch,
-                          lr=args.lr, beta=args.beta, lora_r=args.lora_r, lora_alpha=2 * args.lora_r,
+                          lr=args.lr, beta=args.beta, rpo_alpha=args.rpo_alpha, lora_r=args.lora_r,
+                          lora_alpha=2 * args.lora_r,
                           seed=args.seed)  # fmt: skip
 
 

@@ -734,7 +734,9 @@ class DPOConfig:
     temperature of the implicit reward. label_smoothing: assumed share of flipped
     labels (conservative DPO; sigmoid only). reference_free: compare policy
     log-ratios without the reference. The reference is the base model with
-    adapters disabled. steps / batch_size / micro_batch_size / lr / warmup_steps:
+    adapters disabled. rpo_alpha: weight of the chosen response's per-token NLL
+    added to the loss (RPO; TRL's rpo_alpha), 0 = plain DPO.
+    steps / batch_size / micro_batch_size / lr / warmup_steps:
     the optimisation (pairs per step; cosine schedule). epochs_per_sample: unused
     pairs are cycled. save_every: checkpoint cadence.
     """
@@ -746,6 +748,7 @@ class DPOConfig:
     beta: float = 0.1
     label_smoothing: float = 0.0
     reference_free: bool = False
+    rpo_alpha: float = 0.0
     steps: int = 8
     batch_size: int = 8
     micro_batch_size: int = 4
@@ -948,7 +951,8 @@ RANGES: dict[str, tuple[str, Any]] = {
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
-        "sft_trainer.steps", "train.stop_grace_s", "algo.max_refills", "tracking.samples_every",
+        "sft_trainer.steps", "dpo.rpo_alpha", "train.stop_grace_s",
+        "algo.max_refills", "tracking.samples_every",
         "tracking.samples", "train.val_tasks", "train.patience", "algo.max_staleness",
         "train.ray_env_workers",
     )},  # fmt: skip

@@ -235,7 +235,8 @@ def test_togo_hand_example():
     # γ = 1: ep0 G = [0.8, 0.9, 1.0], ep1 G = [−0.1, 0.0]; baseline = mean of the totals
     # [0.8, −0.1] = 0.35 → Dr.: ep0 [0.45, 0.55, 0.65], ep1 [−0.45, −0.35]
     adv, ret = compute_advantages("togo", turn_input(), AdvantageConfig(norm_by_std=False))
-    expected = T([[0.45, 0.45, 0, 0.55, 0, 0.65, 0.65], [-0.45, 0, -0.35, -0.35, 0, 0, 0]], dtype=torch.float64)
+    expected = T([[0.45, 0.45, 0, 0.55, 0, 0.65, 0.65], [-0.45, 0, -0.35, -0.35, 0, 0, 0]],
+                 dtype=torch.float64)
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, T([[0.8, 0.8, 0, 0.9, 0, 1.0, 1.0], [-0.1, 0, 0, 0, 0, 0, 0]],
                                       dtype=torch.float64))

@@ -82,3 +82,12 @@ def test_ewc_penalty_by_hand_and_its_gradient():
     assert theta.grad.tolist() == pytest.approx([3.0 * 2.0 * 1.0, 3.0 * 4.0 * 1.0])  # λ·F·(θ−θ*)
     at_anchor = ewc_penalty({"w": torch.zeros(2)}, {"w": torch.zeros(2)}, {"w": torch.ones(2)}, 5.0)
     assert float(at_anchor) == 0.0
+
+
+def test_chosen_nll_adds_alpha_times_the_per_token_nll():
+    from ponder.algos.dpo import with_chosen_nll
+
+    losses = torch.tensor([0.5, 0.25])
+    # mean log-probs −2 and −0.5 per chosen token: + 0.5·2 and + 0.5·0.5
+    assert with_chosen_nll(losses, torch.tensor([-2.0, -0.5]), 0.5).tolist() == pytest.approx([1.5, 0.5])
+    assert with_chosen_nll(losses, torch.tensor([-2.0, -0.5]), 0.0).tolist() == losses.tolist()

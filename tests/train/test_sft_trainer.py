@@ -71,3 +71,18 @@ def test_dpo_raises_the_chosen_over_rejected_margin(tmp_path):
         0.0, abs=1e-5
     )  # adapters start at zero: policy = reference
     assert history[-1]["dpo/margin"] > 0.0 and history[-1]["dpo/loss"] < history[0]["dpo/loss"]
+
+
+def test_rpo_alpha_adds_the_chosen_nll_to_the_loss(tmp_path):
+    first = {}
+    for alpha in (0.0, 2.0):
+        torch.manual_seed(0)
+        policy = apply_lora(tiny_policy(), LoraConfig(r=4, alpha=8))
+        good, bad = _examples(policy, 2)
+        cfg = DPOConfig(steps=2, batch_size=2, micro_batch_size=1, lr=1e-2, save_every=2, rpo_alpha=alpha)
+        pairs = [PreferenceExample(good, bad)] * 2
+        first[alpha] = DPOTrainer(policy, pairs, cfg, tmp_path / str(alpha)).train()[0]
+    # the same start: the loss grows by exactly α × the chosen reply's per-token NLL
+    nll = first[0.0]["dpo/chosen_nll"]
+    assert first[2.0]["dpo/chosen_nll"] == pytest.approx(nll) and nll > 1
+    assert first[2.0]["dpo/loss"] == pytest.approx(first[0.0]["dpo/loss"] + 2.0 * nll)

@@ -67,6 +67,14 @@ def sequence_logprobs(
     )
 
 
+def with_chosen_nll(losses: torch.Tensor, chosen_token_mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    """RPO (Pang et al. 2024; TRL's `rpo_alpha`): the preference loss plus α times the
+    chosen response's per-token negative log-likelihood, so the chosen reply's own
+    probability is pushed up, not only its margin over the rejected one.
+    losses, chosen_token_mean (mean log-prob per chosen token) [B] -> [B]."""
+    return losses - alpha * chosen_token_mean
+
+
 def dpo_loss(
     chosen: torch.Tensor,
     rejected: torch.Tensor,

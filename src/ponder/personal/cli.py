@@ -56,7 +56,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     from ponder.personal.learn import update_user
 
     store = _store(args.users)
-    settings = {name: getattr(args, name) for name in ("steps", "lr", "beta", "batch_size", "min_pairs")}
+    names = ("steps", "lr", "beta", "rpo_alpha", "batch_size", "min_pairs")
+    settings = {name: getattr(args, name) for name in names}
     cfg = PersonalConfig().with_overrides({k: v for k, v in settings.items() if v is not None})
     policy = load_policy(args.model, args.dtype, args.device)
     version, metrics = update_user(store, args.user, policy, cfg, say=lambda line: print(line, file=sys.stderr))
@@ -97,6 +98,8 @@ def register(commands: Any) -> None:
     update.add_argument("--steps", type=int, help="DPO optimizer steps (default 20)")
     update.add_argument("--lr", type=float, help="peak learning rate (default 5e-4)")
     update.add_argument("--beta", type=float, help="DPO beta: the KL anchor's strength (default 0.1)")
+    update.add_argument("--rpo-alpha", type=float,
+                        help="weight of the chosen reply's per-token NLL in DPO's loss (RPO; default 0)")
     update.add_argument("--batch-size", type=int, help="preference pairs per step (default 8)")
     update.add_argument("--min-pairs", type=int, help="refuse with fewer preference pairs (default 1)")
     update.set_defaults(handler=cmd_update)

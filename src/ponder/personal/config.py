@@ -25,6 +25,8 @@ class PersonalConfig:
         base with adapters disabled, so a larger beta keeps the user's model closer to
         the base for the same preference margin.
     loss: preference loss, `sigmoid` (DPO), `hinge` or `ipo` (algos/dpo.py).
+    rpo_alpha: weight of the chosen reply's per-token NLL added to the loss (RPO),
+        so the reply the user wrote is learnt, not only preferred; 0 = plain DPO.
     lora_r / lora_alpha: rank and scale of a user's first adapter (all linear layers);
         later updates continue the current adapter, whatever its rank.
     min_pairs: fewer preference pairs than this and the update is refused.
@@ -38,6 +40,7 @@ class PersonalConfig:
     lr: float = 5e-4
     beta: float = 0.1
     loss: str = "sigmoid"
+    rpo_alpha: float = 0.0
     lora_r: int = 8
     lora_alpha: int = 16
     min_pairs: int = 1
@@ -53,6 +56,9 @@ class PersonalConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        alpha = self.rpo_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
+            raise ValueError(f"rpo_alpha must be a number >= 0, got {self.rpo_alpha!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss {self.loss!r}: use one of {', '.join(LOSSES)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -133,9 +133,9 @@ def update_user(
 
 def dpo_config(cfg: PersonalConfig) -> DPOConfig:
     """DPOTrainer's settings for an update: one checkpoint, at the end (the one saved)."""
-    return DPOConfig(loss=cfg.loss, beta=cfg.beta, steps=cfg.steps, batch_size=cfg.batch_size,
-                     micro_batch_size=min(cfg.micro_batch_size, cfg.batch_size), lr=cfg.lr, warmup_steps=0,
-                     save_every=cfg.steps)  # fmt: skip
+    return DPOConfig(loss=cfg.loss, beta=cfg.beta, rpo_alpha=cfg.rpo_alpha, steps=cfg.steps,
+                     batch_size=cfg.batch_size, micro_batch_size=min(cfg.micro_batch_size, cfg.batch_size),
+                     lr=cfg.lr, warmup_steps=0, save_every=cfg.steps)  # fmt: skip
 
 
 def describe_report(report: Counter) -> str:

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-from ponder.algos.dpo import PREFERENCE_LOSSES, PreferenceLossConfig, dpo_loss, sequence_logprobs
+from ponder.algos.dpo import (
+    PREFERENCE_LOSSES, PreferenceLossConfig, dpo_loss, sequence_logprobs, with_chosen_nll,
+)  # fmt: skip
 from ponder.config import DPOConfig, OptimConfig
 from ponder.data.format import TokenizedExample
 from ponder.models.logprobs import adapters_disabled
@@ -102,8 +104,9 @@ def sample_preferences(
 
 def pair_logprobs(
     policy: Any, pairs: list[PreferenceExample], average: bool, reference: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence log-probs [P] of the chosen and the rejected sides (one batch of 2P rows)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sequence log-probs [P] of the chosen and the rejected sides (one batch of 2P rows),
+    and the chosen side's mean log-prob per token [P]."""
     rows = [p.chosen.to_trajectory() for p in pairs] + [p.rejected.to_trajectory() for p in pairs]
     batch = collate(rows, policy.tokenizer.pad_token_id)
     mask = batch.loss_mask.to(policy.device)
@@ -114,7 +117,8 @@ def pair_logprobs(
     else:
         logprobs, _, _ = forward_policy(policy.model, ids, attention, loss_mask=mask)
     sequence = sequence_logprobs(logprobs, mask, average)
-    return sequence[: len(pairs)], sequence[len(pairs) :]
+    chosen_mean = sequence_logprobs(logprobs[: len(pairs)], mask[: len(pairs)], average=True)
+    return sequence[: len(pairs)], sequence[len(pairs) :], chosen_mean
 
 
 class DPOTrainer:
@@ -143,7 +147,7 @@ class DPOTrainer:
         self.policy.model.eval()
         chosen, rejected = [], []
         for start in range(0, len(self.pairs), self.cfg.micro_batch_size):
-            c, r = pair_logprobs(
+            c, r, _ = pair_logprobs(
                 self.policy, self.pairs[start : start + self.cfg.micro_batch_size], self.average, True
             )
             chosen.append(c.cpu())
@@ -181,12 +185,16 @@ class DPOTrainer:
         sums = Counter()
         for start in range(0, len(indices), self.cfg.micro_batch_size):
             part = indices[start : start + self.cfg.micro_batch_size]
-            chosen, rejected = pair_logprobs(self.policy, [self.pairs[i] for i in part], self.average)
+            pairs = [self.pairs[i] for i in part]
+            chosen, rejected, chosen_mean = pair_logprobs(self.policy, pairs, self.average)
             ref = (None, None)
             if self.reference is not None:
                 index = torch.tensor(part)
                 ref = (self.reference[0][index].to(chosen.device), self.reference[1][index].to(chosen.device))
             losses, stats = dpo_loss(chosen, rejected, ref[0], ref[1], self.loss_cfg)
+            stats["chosen_nll"] = -chosen_mean.detach()
+            if self.cfg.rpo_alpha:
+                losses = with_chosen_nll(losses, chosen_mean, self.cfg.rpo_alpha)
             (losses.sum() / len(indices)).backward()  # exact mean over the whole batch
             sums["loss"] += float(losses.detach().sum())
             for name, values in stats.items():
