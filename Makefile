@@ -29,8 +29,11 @@ demo: install
 demo-quick: install
 	$(VENV)/bin/ponder demo --recipe recipes/demo.yaml --quick --out runs/demo-quick
 
+# The suite's tests each use one BLAS thread (tests/conftest.py): TEST_WORKERS processes
+# (pytest-xdist) run them side by side, one per core of the 2-core CI machine.
+TEST_WORKERS ?= 2
 test: install bfcl-venv sysdeps
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # Debian programs ponder uses: tesseract-ocr reads images for the agent's RAG tool
 # (docs/agents.md); bubblewrap jails model-written code (ponder.tools.jail; without it the

@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -114,26 +115,59 @@ def _run(command: str, extra: list[str], monkeypatch, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # recipes resolve from any directory
-    (tmp_path / "docs").symlink_to(ROOT / "docs")
-    (tmp_path / "examples").symlink_to(ROOT / "examples")  # its README line runs from the repository root
-    # `make demo` first: later commands reuse its warm-up
-    _run("ponder demo --recipe recipes/demo.yaml --out runs/demo", TINY, monkeypatch, capsys)
-    outputs = {}
+# What a command must have done (run in its chain's directory): directory, its output -> bool.
+CHECKS: dict[str, Callable[[Path, str], bool]] = {
+    "ponder --help": lambda d, out: "export" in out and "PONDER_DEBUG=1" in out,
+    "ponder demo --recipe recipes/search_qa_rloo.yaml --sft-from runs/demo --out runs/rloo":
+        lambda d, out: json.loads((d / "runs/rloo/results.json").read_text())["sft_from"] == "runs/demo",
+    "ponder train --resume runs/grpo train.steps=30":
+        lambda d, out: [json.loads(line)["step"] for line in open(d / "runs/grpo/metrics.jsonl")]
+        == [1, 2, 3],
+    "ponder plot runs/grpo": lambda d, out: (d / "runs/grpo/plots/reward.png").is_file(),
+    "ponder plot --compare runs/demo runs/rloo --key reward/mean --key episode/searches --out cmp.png":
+        lambda d, out: (d / "cmp.png").read_bytes()[:4] == b"\x89PNG",
+    "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --episodes 32 --out runs/eval":
+        lambda d, out: json.loads((d / "runs/eval/metrics.json").read_text())["model"] == "runs/grpo",
+    "ponder export runs/grpo --out runs/grpo-hf --merge":
+        lambda d, out: (d / "runs/grpo-hf/config.json").is_file(),
+    "ponder gen-tasks --out data/":
+        lambda d, out: {"corpus.jsonl", "train.jsonl", "eval.jsonl"}
+        <= {p.name for p in (d / "data").iterdir()},
+    "ponder chat --model smollm2-135m --tools calculator,python": lambda d, out: "/tools" in out,
+    'ponder run-agent --task "What is 17 * 23?" --tools calculator':
+        lambda d, out: json.loads(out)["status"] in ("answered", "stopped")
+        and json.loads(out)["stop_reason"],
+    "ponder pipeline run recipes/pipeline_search_qa.yaml --resume":
+        lambda d, out: (d / "runs/pipeline/results.json").is_file(),
+}  # fmt: skip
+# Commands that read another's output run after it in one directory (README order);
+# every other command runs alone, so the chains and the rest spread over test workers.
+CHAINS = {"runs/demo": "demo", "runs/rloo": "demo", "runs/grpo": "grpo", "pipeline run": "pipeline"}
+
+
+def chains() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
     for command in readme_commands():
-        if isinstance(COMMANDS[command], tuple):
-            continue
-        outputs[command] = _run(command, list(COMMANDS[command]), monkeypatch, capsys)
-    assert "export" in outputs["ponder --help"] and "PONDER_DEBUG=1" in outputs["ponder --help"]
-    assert json.loads((tmp_path / "runs/rloo/results.json").read_text())["sft_from"] == "runs/demo"
-    assert [json.loads(line)["step"] for line in open("runs/grpo/metrics.jsonl")] == [1, 2, 3]
-    assert (tmp_path / "runs/grpo/plots/reward.png").is_file()
-    assert (tmp_path / "cmp.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((tmp_path / "runs/eval/metrics.json").read_text())["model"] == "runs/grpo"
-    assert (tmp_path / "runs/grpo-hf/config.json").is_file()
-    assert {"corpus.jsonl", "train.jsonl", "eval.jsonl"} <= {p.name for p in (tmp_path / "data").iterdir()}
-    assert "/tools" in outputs["ponder chat --model smollm2-135m --tools calculator,python"]
-    agent = json.loads(outputs['ponder run-agent --task "What is 17 * 23?" --tools calculator'])
-    assert agent["status"] in ("answered", "stopped") and agent["stop_reason"]
-    assert (tmp_path / "runs/pipeline/results.json").is_file()
+        if not isinstance(COMMANDS[command], tuple):
+            name = next((chain for marker, chain in CHAINS.items() if marker in command), command)
+            found.setdefault(name, []).append(command)
+    return found
+
+
+def test_every_check_is_a_readme_command():
+    assert set(CHECKS) - set(readme_commands()) == set()
+
+
+@pytest.mark.parametrize("chain", list(chains()))
+def test_readme_commands_run_as_written(chain, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # recipes resolve from any directory
+    (tmp_path / "docs").mkdir()  # the RAG command's ./docs: two of ponder's documents and an image
+    for name in ("agents.md", "tools.md", "img/demo-reward.png"):
+        (tmp_path / "docs" / Path(name).name).symlink_to(ROOT / "docs" / name)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")  # its README line runs from the repository root
+    if chain == "demo":  # `make demo` first: the chain's later commands reuse its warm-up
+        _run("ponder demo --recipe recipes/demo.yaml --out runs/demo", TINY, monkeypatch, capsys)
+    for command in chains()[chain]:
+        output = _run(command, list(COMMANDS[command]), monkeypatch, capsys)
+        check = CHECKS.get(command, lambda d, out: True)
+        assert check(tmp_path, output), f"{command}: not done as the README says"
