@@ -354,10 +354,7 @@ def turn_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     different things. Comparing by position assumes episodes are aligned turn by turn.
     """
     _check(inp, "turn", "turn_ids", "turn_rewards", "turn_mask")
-    turn_rewards = inp.turn_rewards.double()
-    if inp.token_rewards is not None:
-        turn_rewards = turn_rewards + _tokens_to_turns(inp.token_rewards, inp.turn_ids, inp.loss_mask,
-                                                       turn_rewards.shape[1])
+    turn_rewards = _per_turn_rewards(inp)
     valid = inp.turn_mask.bool()
     returns = discounted_turn_returns(turn_rewards, valid, cfg.gamma)
     groups = group_index(inp.group_ids).to(returns.device)
@@ -381,10 +378,7 @@ def togo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     Groups whose totals all tie get 0, as in `grpo`. Returns = G_ik on turn k's tokens.
     """
     _check(inp, "togo", "turn_ids", "turn_rewards", "turn_mask")
-    turn_rewards = inp.turn_rewards.double()
-    if inp.token_rewards is not None:
-        turn_rewards = turn_rewards + _tokens_to_turns(inp.token_rewards, inp.turn_ids, inp.loss_mask,
-                                                       turn_rewards.shape[1])
+    turn_rewards = _per_turn_rewards(inp)
     valid = inp.turn_mask.bool() & torch.isfinite(turn_rewards.sum(1, keepdim=True))
     returns = discounted_turn_returns(torch.where(valid, turn_rewards, 0.0), valid, cfg.gamma)
     groups = group_index(inp.group_ids).to(returns.device)
@@ -401,6 +395,14 @@ def togo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     dtype = _out_dtype(inp)
     return (_turns_to_tokens(torch.where(keep, centered, 0.0), inp.turn_ids, inp.loss_mask).to(dtype),
             _turns_to_tokens(returns, inp.turn_ids, inp.loss_mask).to(dtype))
+
+
+def _per_turn_rewards(inp: AdvantageInput) -> torch.Tensor:
+    """[B, K] float64: the per-turn rewards plus the token rewards of each turn."""
+    turn_rewards = inp.turn_rewards.double()
+    if inp.token_rewards is None:
+        return turn_rewards
+    return turn_rewards + _tokens_to_turns(inp.token_rewards, inp.turn_ids, inp.loss_mask, turn_rewards.shape[1])
 
 
 def _tokens_to_turns(token_values: torch.Tensor, turn_ids: torch.Tensor, loss_mask: torch.Tensor,
