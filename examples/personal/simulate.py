@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--lr", type=float, default=1e-3, help="peak learning rate of an update")
     add("--beta", type=float, default=0.1, help="DPO beta: the strength of the KL anchor to the base")
     add("--rpo-alpha", type=float, default=0.0,
-        help="weight of the rewritten reply's per-token NLL added to DPO's loss (RPO); 0 = plain DPO")
+        help="weight of the rewritten reply's per-token NLL added to DPO's loss (RPO); 0 = plain DPO, as the "
+             "runs before 2026-11-27 (PersonalConfig's default is 1)")
     add("--lora-r", type=int, default=8, help="LoRA rank of a user's adapter (alpha = 2r)")
     add("--general", action="store_true", help="also `ponder eval` the base (search-QA, math) before, after")
     add("--general-episodes", type=int, default=32, help="held-out tasks per general evaluation")

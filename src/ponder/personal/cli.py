@@ -99,7 +99,7 @@ def register(commands: Any) -> None:
     update.add_argument("--lr", type=float, help="peak learning rate (default 5e-4)")
     update.add_argument("--beta", type=float, help="DPO beta: the KL anchor's strength (default 0.1)")
     update.add_argument("--rpo-alpha", type=float,
-                        help="weight of the chosen reply's per-token NLL in DPO's loss (RPO; default 0)")
+                        help="weight of the chosen reply's per-token NLL in DPO's loss (RPO; default 1)")
     update.add_argument("--batch-size", type=int, help="preference pairs per step (default 8)")
     update.add_argument("--min-pairs", type=int, help="refuse with fewer preference pairs (default 1)")
     update.set_defaults(handler=cmd_update)
