@@ -951,10 +951,9 @@ RANGES: dict[str, tuple[str, Any]] = {
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",
-        "sft_trainer.steps", "dpo.rpo_alpha", "train.stop_grace_s",
-        "algo.max_refills", "tracking.samples_every",
-        "tracking.samples", "train.val_tasks", "train.patience", "algo.max_staleness",
-        "train.ray_env_workers",
+        "sft_trainer.steps", "dpo.rpo_alpha", "train.stop_grace_s", "algo.max_refills",
+        "tracking.samples_every", "tracking.samples", "train.val_tasks", "train.patience",
+        "algo.max_staleness", "train.ray_env_workers",
     )},  # fmt: skip
     "rollout.sampling.top_p": _between(0, 1, open_low=True),
     "algo.gamma": _between(0, 1),

@@ -402,7 +402,8 @@ def _per_turn_rewards(inp: AdvantageInput) -> torch.Tensor:
     turn_rewards = inp.turn_rewards.double()
     if inp.token_rewards is None:
         return turn_rewards
-    return turn_rewards + _tokens_to_turns(inp.token_rewards, inp.turn_ids, inp.loss_mask, turn_rewards.shape[1])
+    per_turn = _tokens_to_turns(inp.token_rewards, inp.turn_ids, inp.loss_mask, turn_rewards.shape[1])
+    return turn_rewards + per_turn
 
 
 def _tokens_to_turns(token_values: torch.Tensor, turn_ids: torch.Tensor, loss_mask: torch.Tensor,

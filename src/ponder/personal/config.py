@@ -60,7 +60,7 @@ class PersonalConfig:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
         alpha = self.rpo_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
-            raise ValueError(f"rpo_alpha must be a number >= 0, got {self.rpo_alpha!r}")
+            raise ValueError(f"rpo_alpha must be a number >= 0, got {alpha!r}")
         if self.loss not in LOSSES:
             raise ValueError(f"loss {self.loss!r}: use one of {', '.join(LOSSES)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
