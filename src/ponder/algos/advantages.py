@@ -132,8 +132,7 @@ def group_normalize(
     invalid, where fewer than 2 rows of the group are valid at k, or where they are all
     equal. float64 [B, K].
     """
-    if std_scope not in STD_SCOPES:
-        raise ValueError(f"unknown std_scope {std_scope!r}; valid: {', '.join(STD_SCOPES)}")
+    _check_std_scope(std_scope)
     stats = {name: s[groups] for name, s in group_stats(values, valid, groups).items()}
     centered = values.double() - stats["mean"]
     keep = valid & (stats["count"] >= 2) & (stats["spread"] > 0)
@@ -141,6 +140,11 @@ def group_normalize(
         return torch.where(keep, centered, 0.0)
     std = stats["std"] if std_scope == "group" else _column_std(centered, valid & (stats["count"] >= 2))
     return torch.where(keep, centered / (std + eps), 0.0)
+
+
+def _check_std_scope(std_scope: str) -> None:
+    if std_scope not in STD_SCOPES:
+        raise ValueError(f"unknown std_scope {std_scope!r}; valid: {', '.join(STD_SCOPES)}")
 
 
 def _column_std(centered: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -387,8 +391,7 @@ def togo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     keep = valid & first & (stats["count"] >= 2) & (stats["spread"] > 0)
     centered = returns - stats["mean"]
     if cfg.norm_by_std:
-        if cfg.std_scope not in STD_SCOPES:
-            raise ValueError(f"unknown std_scope {cfg.std_scope!r}; valid: {', '.join(STD_SCOPES)}")
+        _check_std_scope(cfg.std_scope)
         std = stats["std"] if cfg.std_scope == "group" else _column_std(totals - stats["mean"],
                                                                          first & (stats["count"] >= 2))
         centered = centered / (std + cfg.eps)

@@ -193,8 +193,7 @@ class DPOTrainer:
                 ref = (self.reference[0][index].to(chosen.device), self.reference[1][index].to(chosen.device))
             losses, stats = dpo_loss(chosen, rejected, ref[0], ref[1], self.loss_cfg)
             stats["chosen_nll"] = -chosen_mean.detach()
-            if self.cfg.rpo_alpha:
-                losses = with_chosen_nll(losses, chosen_mean, self.cfg.rpo_alpha)
+            losses = with_chosen_nll(losses, chosen_mean, self.cfg.rpo_alpha)
             (losses.sum() / len(indices)).backward()  # exact mean over the whole batch
             sums["loss"] += float(losses.detach().sum())
             for name, values in stats.items():
