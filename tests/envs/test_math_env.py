@@ -249,7 +249,7 @@ def test_the_reference_solver_reaches_the_ceiling(calculator):
     spec = build_env(recipe)
     reward = build_reward(recipe, spec)
     assert reward.weights == {"correct": 1.0, "format": 0.1, "calc_cost": 0.0, "process": 0.0, "lure_taken": 0.0,
-                              "contains_answer": 0.0}  # fmt: skip
+                              "contains_answer": 0.0, "verbosity": 0.0}  # fmt: skip
     backend = ScriptedBackend(tiny_tokenizer(), {t.id: t.oracle_actions for t in spec.eval})
     rollout = RolloutConfig(group_size=1, batch_size=8, sampling=SamplingConfig(max_new_tokens_per_turn=512))
     trajectories, _ = RolloutEngine(backend, spec.factory, rollout).run(spec.eval)
@@ -269,7 +269,7 @@ def test_reward_terms_override_the_math_defaults():
     recipe = load_recipe(None, overrides)
     weights = build_reward(recipe, build_env(recipe)).weights
     assert weights == {"correct": 1.0, "format": 0.1, "calc_cost": -0.05, "process": 0.0, "lure_taken": 0.0,
-                       "contains_answer": 0.0}  # fmt: skip
+                       "contains_answer": 0.0, "verbosity": 0.0}  # fmt: skip
 
 
 def test_the_shipped_recipe_builds_the_math_env():

@@ -23,7 +23,7 @@ from ponder.rewards.hacking import (
     shown_steps,
     truncated,
 )
-from ponder.rewards.math import answer_format, contains_answer, correct
+from ponder.rewards.math import VERBOSE_WORDS, answer_format, contains_answer, correct, verbosity
 from ponder.types import Task, ToolCall, ToolResult, Trajectory, Turn
 
 TASK = Task("t", "Noah has 7 pens and gets 5 more. How many?", ["12"], kind="level1", needs_search=False)
@@ -119,6 +119,24 @@ def test_hedging_fires_on_several_distinct_numbers_and_the_hackable_reward_pays_
     assert reward(hedged, TASK)[0] == pytest.approx(0.5) and reward(single, TASK)[0] == pytest.approx(1.0)
     rates = hacking_metrics([hedged, single, episode("no answer")], {"t": TASK})
     assert rates["hacking/answer_hedging"] == 0.5  # 1 of the 2 episodes with a numeric answer
+
+
+def test_the_length_biased_judge_pays_words_and_shaping_charges_the_loop():
+    words = lambda n: " ".join(f"w{i}" for i in range(n))  # noqa: E731
+    assert VERBOSE_WORDS == 50
+    assert verbosity(episode("<answer>12</answer>", answer="12"), TASK) == pytest.approx(1 / 50)
+    assert verbosity(episode(words(20), words(5)), TASK) == pytest.approx(0.5)  # words of every turn
+    assert verbosity(episode(words(80)), TASK) == 1.0  # capped
+    loop = episode("<think>" + " ".join(["so 7 + 5 is"] * 20) + "</think><answer>12</answer>", answer="12")
+    plain = episode("<think>" + words(60) + "</think><answer>12</answer>", answer="12")
+    assert verbosity(loop, TASK) == verbosity(plain, TASK) == 1.0 and correct(loop, TASK) == 1.0
+    assert repetition(loop) and not repetition(plain)
+    reward = CompositeReward.from_config(
+        RewardConfig(shaping=ShapingConfig(repetition=1.0, truncation=1.0)), {"verbosity": verbosity},
+        {"verbosity": 1.0},
+    )  # fmt: skip
+    cut = episode(words(60), stop="max_tokens")
+    assert [reward(t, TASK)[0] for t in (loop, plain, cut)] == pytest.approx([0.0, 1.0, 0.0])
 
 
 def test_format_gaming_fires_on_empty_tags_only():

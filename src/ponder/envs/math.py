@@ -17,7 +17,7 @@ from typing import Any
 from ponder.envs.base import EnvContext, EnvSpec, Opening, register_env
 from ponder.envs.math_tasks import CALCULATOR_FROM_LEVEL, LEVELS, math_splits
 from ponder.envs.math_variants import VARIANTS, lure_taken, variant_tasks
-from ponder.rewards.math import answer_format, calculator_calls, contains_answer, correct
+from ponder.rewards.math import answer_format, calculator_calls, contains_answer, correct, verbosity
 from ponder.rewards.process import process, process_rewards
 from ponder.tools import ToolRegistry, run_tool_step
 from ponder.tools.builtin import calculator
@@ -40,7 +40,7 @@ WITHOUT_CALCULATOR = (
 # an outcome-only run can be compared with one that pays for it; lure_taken (the answer
 # is the bait or distractor number of an adversarial task) is only ever logged.
 REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1, "calc_cost": 0.0, "process": 0.0, "lure_taken": 0.0,
-                  "contains_answer": 0.0}
+                  "contains_answer": 0.0, "verbosity": 0.0}
 OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "calculator_from", "max_turns",
            "variant")  # fmt: skip
 
@@ -146,10 +146,11 @@ def build_math(ctx: EnvContext) -> EnvSpec:
     Reward components: correct (1 / 0, exact), format (the answer as one number in
     `<answer>`, no protocol errors), calc_cost (calculator calls), process (the
     per-turn process scores summed, ponder.rewards.process), lure_taken (1 when the
-    answer is the task's bait or distractor number; none on other tasks) and
-    contains_answer (1 when any number of the answer is right: hackable, for
-    reward-hacking experiments); default weights 1.0, 0.1, 0.0, 0.0, 0.0 and 0.0,
-    changed with reward.terms. A nonzero
+    answer is the task's bait or distractor number; none on other tasks),
+    contains_answer (1 when any number of the answer is right) and verbosity (a
+    length-biased judge: min(1, words written / 50)), the last two hackable by design
+    for reward-hacking experiments; default weights 1.0, 0.1, 0.0, 0.0, 0.0, 0.0 and
+    0.0, changed with reward.terms. A nonzero
     `process` weight also makes each turn's reward weight x its score, for
     `algo.advantage: turn` (outcome + process = PRM; weight 0 = ORM)."""
     default_turns = ctx.recipe.env.max_turns if ctx.recipe is not None else 3
@@ -165,7 +166,7 @@ def build_math(ctx: EnvContext) -> EnvSpec:
         raise ValueError("env.mcp_servers: the served 'calculator' takes no `expression` argument, "
                          "which <calculator>…</calculator> fills")  # fmt: skip
     rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls, "process": process,
-               "lure_taken": lure_taken, "contains_answer": contains_answer}  # fmt: skip
+               "lure_taken": lure_taken, "contains_answer": contains_answer, "verbosity": verbosity}  # fmt: skip
     # the per-turn rewards must add up to what the composite charges for `process`
     terms = dict(ctx.recipe.reward.terms) if ctx.recipe is not None else {}
     process_weight = float(terms.get("process", REWARD_WEIGHTS["process"]))
