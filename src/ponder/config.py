@@ -240,6 +240,8 @@ class ShapingConfig:
     repetition: the actions' repeated word n-gram ratio (n = repetition_n) is at
         least repetition_threshold (a degenerate loop).
     truncation: the episode ran into the token limit.
+    judge_unverified: the `judge` component pays (>= 0.5) while the `verified` one
+        is 0 (paid but wrong): the judge is trusted only where the verifier agrees.
     window: RL steps over which the trend detectors (length gaming, judge
         exploitation) fit their slopes.
     judge / verified: the breakdown components the judge-exploitation detector
@@ -252,6 +254,7 @@ class ShapingConfig:
     format_gaming: float = 0.0
     repetition: float = 0.0
     truncation: float = 0.0
+    judge_unverified: float = 0.0
     repetition_n: int = 4
     repetition_threshold: float = 0.5
     window: int = 5

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ponder.config import RewardConfig, ShapingConfig
+from ponder.config import RewardConfig, ShapingConfig, load_recipe
 from ponder.envs.math import REWARD_WEIGHTS
 from ponder.rewards import CompositeReward
 from ponder.rewards.hacking import (
@@ -25,6 +25,7 @@ from ponder.rewards.hacking import (
 )
 from ponder.rewards.math import VERBOSE_WORDS, answer_format, contains_answer, correct, verbosity
 from ponder.types import Task, ToolCall, ToolResult, Trajectory, Turn
+from ponder.wiring import build_env, build_reward
 
 TASK = Task("t", "Noah has 7 pens and gets 5 more. How many?", ["12"], kind="level1", needs_search=False)
 EQUATION = Task("e", "Solve for x: 7x + 12 = 47.", ["5"], kind="level4", needs_search=False)
@@ -137,6 +138,39 @@ def test_the_length_biased_judge_pays_words_and_shaping_charges_the_loop():
     )  # fmt: skip
     cut = episode(words(60), stop="max_tokens")
     assert [reward(t, TASK)[0] for t in (loop, plain, cut)] == pytest.approx([0.0, 1.0, 0.0])
+
+
+def test_judge_unverified_charges_paid_but_wrong_and_asks_the_judge_once():
+    calls = []
+
+    def judge(trajectory, task):
+        calls.append(trajectory)
+        return verbosity(trajectory, task)
+
+    shaping = ShapingConfig(judge="verbosity", verified="correct", judge_unverified=1.0)
+    reward = CompositeReward.from_config(RewardConfig(shaping=shaping), {"verbosity": judge, "correct": correct},
+                                         {"verbosity": 1.0, "correct": 0.0})  # fmt: skip
+    long = "<think>" + " ".join(f"w{i}" for i in range(60)) + "</think>"
+    right, wrong = (episode(f"{long}<answer>{n}</answer>", answer=n) for n in ("12", "13"))
+    short_wrong = episode("<answer>13</answer>", answer="13")
+    totals = [reward(t, TASK) for t in (right, wrong, short_wrong)]
+    assert [total for total, _ in totals] == pytest.approx([1.0, 0.0, 1 / 50])  # long and wrong: 1 - 1
+    assert [b["shaping/judge_unverified"] for _, b in totals] == [0.0, 1.0, 0.0]
+    assert len(calls) == 3  # once per episode, not again for the shaping rule
+    for trajectory, (total, breakdown) in zip((right, wrong, short_wrong), totals):
+        trajectory.reward, trajectory.breakdown = total, breakdown
+    rates = hacking_metrics([right, wrong, short_wrong], {"t": TASK}, shaping)
+    assert rates["hacking/judge_unverified_rate"] == pytest.approx(1 / 3)  # the metric and the rule agree
+
+
+def test_judge_unverified_names_components_of_the_reward():
+    recipe = load_recipe(None, ["env.kind=math", "env.options={n_train: 2, n_eval: 2}",
+                                "reward.shaping.judge_unverified=1"])  # fmt: skip
+    with pytest.raises(ValueError, match="reward.shaping.judge_unverified: no reward component 'judge'"):
+        build_reward(recipe, build_env(recipe))
+    recipe = load_recipe(None, ["env.kind=math", "env.options={n_train: 2, n_eval: 2}",
+                                "reward.shaping.judge_unverified=1", "reward.shaping.judge=verbosity"])  # fmt: skip
+    assert build_reward(recipe, build_env(recipe)).weights["shaping/judge_unverified"] == -1.0
 
 
 def test_format_gaming_fires_on_empty_tags_only():

@@ -77,11 +77,16 @@ class CompositeReward:
 
     def __call__(self, trajectory: Trajectory, task: Task) -> tuple[float | None, dict[str, float]]:
         """(total, {component name: raw component value}); zero-weight components are
-        still computed so they can be logged, and a None value is left out."""
+        still computed so they can be logged, and a None value is left out. A
+        component marked `uses_breakdown` (a shaping rule over other components) is
+        called with the breakdown of the others, after them."""
         total: float | None = 0.0
         breakdown: dict[str, float] = {}
-        for name, weight in self.weights.items():
-            value = self.components[name](trajectory, task)
+        derived = [name for name in self.weights if getattr(self.components[name], "uses_breakdown", False)]
+        plain = [name for name in self.weights if name not in derived]
+        for name in plain + derived:
+            weight, fn = self.weights[name], self.components[name]
+            value = fn(dict(breakdown)) if name in derived else fn(trajectory, task)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
             ):

@@ -196,6 +196,28 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def paid_but_wrong(breakdown: Mapping[str, float], judge: str, verified: str) -> bool:
+    """The judge component passes (>= 0.5) while the verified one is 0."""
+    return breakdown[judge] >= 0.5 and breakdown[verified] <= 0
+
+
+class PaidButWrong:
+    """The `shaping/judge_unverified` component: 1.0 when the episode's `judge`
+    component passes while its `verified` one is 0 (0.0 when either gave no value).
+    It reads the other components' values (CompositeReward computes it after them),
+    so a judge is not asked twice."""
+
+    uses_breakdown = True
+
+    def __init__(self, judge: str, verified: str) -> None:
+        self.judge, self.verified = judge, verified
+
+    def __call__(self, breakdown: Mapping[str, float]) -> float:
+        if self.judge not in breakdown or self.verified not in breakdown:
+            return 0.0
+        return float(paid_but_wrong(breakdown, self.judge, self.verified))
+
+
 def hacking_metrics(
     trajectories: Sequence[Trajectory], tasks_by_id: Mapping[str, Task], shaping: Any = None
 ) -> dict[str, float]:
@@ -225,9 +247,8 @@ def hacking_metrics(
     }
     both = [t for t in trajectories if judge_key in t.breakdown and verified_key in t.breakdown]
     if both:
-        metrics["hacking/judge_unverified_rate"] = _rate(
-            [t.breakdown[judge_key] >= 0.5 and t.breakdown[verified_key] <= 0 for t in both]
-        )
+        metrics["hacking/judge_unverified_rate"] = _rate([paid_but_wrong(t.breakdown, judge_key, verified_key)
+                                                          for t in both])  # fmt: skip
         metrics["hacking/judge_mean"] = _mean([t.breakdown[judge_key] for t in both])
         metrics["hacking/verified_mean"] = _mean([t.breakdown[verified_key] for t in both])
     return metrics
@@ -282,21 +303,22 @@ def judge_exploitation(judge_means: Sequence[float], verified_means: Sequence[fl
     return not (math.isnan(judge) or math.isnan(verified)) and judge > min_slope and verified <= 0
 
 
-def shaping_components(shaping: Any) -> tuple[dict[str, Callable[[Trajectory, Task], float]], dict[str, float]]:
+def shaping_components(shaping: Any) -> tuple[dict[str, Callable[..., float]], dict[str, float]]:
     """({name: component}, {name: weight}) for each nonzero penalty of a ShapingConfig:
     `shaping/<detector>` scores 1.0 when the detector fires (0.0 otherwise, and when it
     does not apply), weighted by -penalty, so the breakdown shows what was charged."""
     n, threshold = shaping.repetition_n, shaping.repetition_threshold
-    detectors: dict[str, Callable[[Trajectory, Task], float]] = {
+    detectors: dict[str, Callable[..., float]] = {
         "shaping/guess": lambda t, task: float(bool(answer_guessing(t, task))),
         "shaping/hedging": lambda t, task: float(bool(answer_hedging(t))),
         "shaping/format_gaming": lambda t, task: float(format_gaming(t)),
         "shaping/repetition": lambda t, task: float(repetition(t, n, threshold)),
         "shaping/truncation": lambda t, task: float(truncated(t)),
+        "shaping/judge_unverified": PaidButWrong(shaping.judge, shaping.verified),
     }
     penalties = {"shaping/guess": shaping.guess, "shaping/hedging": shaping.hedging,
-                 "shaping/format_gaming": shaping.format_gaming,
-                 "shaping/repetition": shaping.repetition, "shaping/truncation": shaping.truncation}  # fmt: skip
+                 "shaping/format_gaming": shaping.format_gaming, "shaping/repetition": shaping.repetition,
+                 "shaping/truncation": shaping.truncation, "shaping/judge_unverified": shaping.judge_unverified}  # fmt: skip
     for name, penalty in penalties.items():
         if penalty < 0:
             raise ValueError(f"reward.shaping.{name.split('/')[1]}: a penalty is >= 0 (it is subtracted), got {penalty}")
