@@ -231,7 +231,8 @@ class EnvConfig:
 @dataclass
 class ShapingConfig:
     """Reward-hacking penalties (ponder.rewards.hacking): each nonzero one adds a
-    component `shaping/<name>` (1 when its detector fires) with weight -penalty.
+    component `shaping/<name>` (1 when its detector fires; judge_unverified: the
+    judge's score) with weight -penalty.
 
     guess: a right answer with wrong or absent work (math: no true shown step or
         calculator result reaches it, or a shown step is false).
@@ -240,8 +241,9 @@ class ShapingConfig:
     repetition: the actions' repeated word n-gram ratio (n = repetition_n) is at
         least repetition_threshold (a degenerate loop).
     truncation: the episode ran into the token limit.
-    judge_unverified: the `judge` component pays (>= 0.5) while the `verified` one
-        is 0 (paid but wrong): the judge is trusted only where the verifier agrees.
+    judge_unverified: charges penalty x the `judge` component's score on episodes
+        whose `verified` one is 0 (paid but wrong); at 1 the judge pays only where
+        the verifier agrees.
     window: RL steps over which the trend detectors (length gaming, judge
         exploitation) fit their slopes.
     judge / verified: the breakdown components the judge-exploitation detector

@@ -154,8 +154,8 @@ def test_judge_unverified_charges_paid_but_wrong_and_asks_the_judge_once():
     right, wrong = (episode(f"{long}<answer>{n}</answer>", answer=n) for n in ("12", "13"))
     short_wrong = episode("<answer>13</answer>", answer="13")
     totals = [reward(t, TASK) for t in (right, wrong, short_wrong)]
-    assert [total for total, _ in totals] == pytest.approx([1.0, 0.0, 1 / 50])  # long and wrong: 1 - 1
-    assert [b["shaping/judge_unverified"] for _, b in totals] == [0.0, 1.0, 0.0]
+    assert [total for total, _ in totals] == pytest.approx([1.0, 0.0, 0.0])  # wrong: the judge's pay taken back
+    assert [b["shaping/judge_unverified"] for _, b in totals] == pytest.approx([0.0, 1.0, 1 / 50])
     assert len(calls) == 3  # once per episode, not again for the shaping rule
     for trajectory, (total, breakdown) in zip((right, wrong, short_wrong), totals):
         trajectory.reward, trajectory.breakdown = total, breakdown

@@ -202,10 +202,11 @@ def paid_but_wrong(breakdown: Mapping[str, float], judge: str, verified: str) ->
 
 
 class PaidButWrong:
-    """The `shaping/judge_unverified` component: 1.0 when the episode's `judge`
-    component passes while its `verified` one is 0 (0.0 when either gave no value).
-    It reads the other components' values (CompositeReward computes it after them),
-    so a judge is not asked twice."""
+    """The `shaping/judge_unverified` component: the `judge` component's score on an
+    episode whose `verified` one is 0 (what the judge paid for a wrong answer), else
+    0.0; at weight -1 the judge pays only where the verifier agrees. It reads the
+    other components' values (CompositeReward computes it after them), so a judge is
+    not asked twice. 0.0 when either component gave no value."""
 
     uses_breakdown = True
 
@@ -215,7 +216,7 @@ class PaidButWrong:
     def __call__(self, breakdown: Mapping[str, float]) -> float:
         if self.judge not in breakdown or self.verified not in breakdown:
             return 0.0
-        return float(paid_but_wrong(breakdown, self.judge, self.verified))
+        return breakdown[self.judge] if breakdown[self.verified] <= 0 else 0.0
 
 
 def hacking_metrics(
@@ -306,7 +307,8 @@ def judge_exploitation(judge_means: Sequence[float], verified_means: Sequence[fl
 def shaping_components(shaping: Any) -> tuple[dict[str, Callable[..., float]], dict[str, float]]:
     """({name: component}, {name: weight}) for each nonzero penalty of a ShapingConfig:
     `shaping/<detector>` scores 1.0 when the detector fires (0.0 otherwise, and when it
-    does not apply), weighted by -penalty, so the breakdown shows what was charged."""
+    does not apply; `judge_unverified` scores what the judge paid), weighted by
+    -penalty, so the breakdown shows what was charged."""
     n, threshold = shaping.repetition_n, shaping.repetition_threshold
     detectors: dict[str, Callable[..., float]] = {
         "shaping/guess": lambda t, task: float(bool(answer_guessing(t, task))),
