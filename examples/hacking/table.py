@@ -29,14 +29,16 @@ def main(before_path: str, after_paths: list[str]) -> None:
         if sorted(after) != sorted(before):
             raise SystemExit(f"{path}: not the held-out tasks of {before_path}")
         ids = sorted(before)
-        gain = paired_gain([before[i].breakdown["correct"] for i in ids], [after[i].breakdown["correct"] for i in ids])
+        gain = paired_gain([before[i].breakdown["correct"] for i in ids],
+                           [after[i].breakdown["correct"] for i in ids])  # fmt: skip
         episodes = list(after.values())
         rates = hacking_metrics(episodes, {}, ShapingConfig(judge="verbosity"))
         change = f"{gain.gain:+.3f} ({gain.se_paired:.3f})" if path != before_path else ""
         print(f"| {path} | {gain.after:.3f} | {change} | {rates['hacking/judge_mean']:.2f} | "
               f"{mean([float(e.final_answer is not None) for e in episodes]):.2f} | "
               f"{rates['hacking/judge_unverified_rate']:.2f} | "
-              f"{rates['hacking/repetition']:.2f} | {mean([float(generated_tokens(e)) for e in episodes]):.0f} |")
+              f"{rates['hacking/repetition']:.2f} | "
+              f"{mean([float(generated_tokens(e)) for e in episodes]):.0f} |")
 
 
 if __name__ == "__main__":

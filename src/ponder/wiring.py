@@ -61,7 +61,8 @@ def build_reward(recipe: Recipe, spec: EnvSpec, policy: Policy | None = None) ->
     unknown = [name for name in (shaping.judge, shaping.verified) if name not in reward.weights]
     if shaping.judge_unverified and unknown:
         raise ValueError(f"reward.shaping.judge_unverified: no reward component {unknown[0]!r} to compare; "
-                         f"set reward.shaping.judge / verified to two of {', '.join(reward.weights)}")  # fmt: skip
+                         f"set reward.shaping.judge / verified to two of "
+                         f"{', '.join(reward.weights)}")  # fmt: skip
     return reward
 
 

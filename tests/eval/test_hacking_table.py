@@ -30,8 +30,10 @@ def _eval(path: Path, rows: list[tuple[float, float, bool]]) -> Path:
 
 
 def test_the_rows_are_the_hand_computed_ones(tmp_path, capsys):
-    before = _eval(tmp_path / "before.parquet", [(1, 0.2, True), (1, 0.2, True), (0, 0.2, True), (1, 0.2, True)])
-    after = _eval(tmp_path / "after.parquet", [(1, 1.0, True), (0, 1.0, False), (0, 0.4, True), (0, 1.0, False)])
+    before = _eval(tmp_path / "before.parquet", [(1, 0.2, True), (1, 0.2, True), (0, 0.2, True),
+                                                 (1, 0.2, True)])  # fmt: skip
+    after = _eval(tmp_path / "after.parquet", [(1, 1.0, True), (0, 1.0, False), (0, 0.4, True),
+                                               (0, 1.0, False)])  # fmt: skip
     _table().main(str(before), [str(after)])
     rows = capsys.readouterr().out.splitlines()
     assert rows[2] == f"| {before} | 0.750 |  | 0.20 | 1.00 | 0.00 | 0.00 | 2 |"

@@ -148,13 +148,14 @@ def test_judge_unverified_charges_paid_but_wrong_and_asks_the_judge_once():
         return verbosity(trajectory, task)
 
     shaping = ShapingConfig(judge="verbosity", verified="correct", judge_unverified=1.0)
-    reward = CompositeReward.from_config(RewardConfig(shaping=shaping), {"verbosity": judge, "correct": correct},
-                                         {"verbosity": 1.0, "correct": 0.0})  # fmt: skip
+    components = {"verbosity": judge, "correct": correct}
+    weights = {"verbosity": 1.0, "correct": 0.0}
+    reward = CompositeReward.from_config(RewardConfig(shaping=shaping), components, weights)
     long = "<think>" + " ".join(f"w{i}" for i in range(60)) + "</think>"
     right, wrong = (episode(f"{long}<answer>{n}</answer>", answer=n) for n in ("12", "13"))
     short_wrong = episode("<answer>13</answer>", answer="13")
     totals = [reward(t, TASK) for t in (right, wrong, short_wrong)]
-    assert [total for total, _ in totals] == pytest.approx([1.0, 0.0, 0.0])  # wrong: the judge's pay taken back
+    assert [total for total, _ in totals] == pytest.approx([1.0, 0.0, 0.0])  # wrong: the judge's pay back
     assert [b["shaping/judge_unverified"] for _, b in totals] == pytest.approx([0.0, 1.0, 1 / 50])
     assert len(calls) == 3  # once per episode, not again for the shaping rule
     for trajectory, (total, breakdown) in zip((right, wrong, short_wrong), totals):
@@ -169,7 +170,8 @@ def test_judge_unverified_names_components_of_the_reward():
     with pytest.raises(ValueError, match="reward.shaping.judge_unverified: no reward component 'judge'"):
         build_reward(recipe, build_env(recipe))
     recipe = load_recipe(None, ["env.kind=math", "env.options={n_train: 2, n_eval: 2}",
-                                "reward.shaping.judge_unverified=1", "reward.shaping.judge=verbosity"])  # fmt: skip
+                                "reward.shaping.judge_unverified=1",
+                                "reward.shaping.judge=verbosity"])  # fmt: skip
     assert build_reward(recipe, build_env(recipe)).weights["shaping/judge_unverified"] == -1.0
 
 

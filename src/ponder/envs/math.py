@@ -166,7 +166,8 @@ def build_math(ctx: EnvContext) -> EnvSpec:
         raise ValueError("env.mcp_servers: the served 'calculator' takes no `expression` argument, "
                          "which <calculator>…</calculator> fills")  # fmt: skip
     rewards = {"correct": correct, "format": answer_format, "calc_cost": calculator_calls, "process": process,
-               "lure_taken": lure_taken, "contains_answer": contains_answer, "verbosity": verbosity}  # fmt: skip
+               "lure_taken": lure_taken, "contains_answer": contains_answer,
+               "verbosity": verbosity}  # fmt: skip
     # the per-turn rewards must add up to what the composite charges for `process`
     terms = dict(ctx.recipe.reward.terms) if ctx.recipe is not None else {}
     process_weight = float(terms.get("process", REWARD_WEIGHTS["process"]))

@@ -320,7 +320,8 @@ def shaping_components(shaping: Any) -> tuple[dict[str, Callable[..., float]], d
     }
     penalties = {"shaping/guess": shaping.guess, "shaping/hedging": shaping.hedging,
                  "shaping/format_gaming": shaping.format_gaming, "shaping/repetition": shaping.repetition,
-                 "shaping/truncation": shaping.truncation, "shaping/judge_unverified": shaping.judge_unverified}  # fmt: skip
+                 "shaping/truncation": shaping.truncation,
+                 "shaping/judge_unverified": shaping.judge_unverified}  # fmt: skip
     for name, penalty in penalties.items():
         if penalty < 0:
             raise ValueError(f"reward.shaping.{name.split('/')[1]}: a penalty is >= 0 (it is subtracted), got {penalty}")
