@@ -12,7 +12,26 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="session")
+def example_script():
+    """Load a script under examples/ as a module: example_script("hacking/table.py")."""
+
+    def load(relative: str):
+        spec = importlib.util.spec_from_file_location("example_" + relative.replace("/", "_")[:-3],
+                                                      EXAMPLES / relative)  # fmt: skip
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,11 @@
 """examples/hacking/table.py: the verifier's paired change, the judge's mean, the
 answered and paid-but-wrong shares are the hand-computed ones."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from ponder.types import Trajectory, Turn, save_trajectories
-
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "hacking" / "table.py"
-
-
-def _table():
-    spec = importlib.util.spec_from_file_location("hacking_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _eval(path: Path, rows: list[tuple[float, float, bool]]) -> Path:
@@ -29,12 +19,12 @@ def _eval(path: Path, rows: list[tuple[float, float, bool]]) -> Path:
     return path
 
 
-def test_the_rows_are_the_hand_computed_ones(tmp_path, capsys):
+def test_the_rows_are_the_hand_computed_ones(tmp_path, capsys, example_script):
     before = _eval(tmp_path / "before.parquet", [(1, 0.2, True), (1, 0.2, True), (0, 0.2, True),
                                                  (1, 0.2, True)])  # fmt: skip
     after = _eval(tmp_path / "after.parquet", [(1, 1.0, True), (0, 1.0, False), (0, 0.4, True),
                                                (0, 1.0, False)])  # fmt: skip
-    _table().main(str(before), [str(after)])
+    example_script('hacking/table.py').main(str(before), [str(after)])
     rows = capsys.readouterr().out.splitlines()
     assert rows[2] == f"| {before} | 0.750 |  | 0.20 | 1.00 | 0.00 | 0.00 | 2 |"
     # correct differences 0, -1, 0, -1: mean -0.5, se 0.289; judge mean 0.85; answered 2 of 4;
@@ -42,8 +32,8 @@ def test_the_rows_are_the_hand_computed_ones(tmp_path, capsys):
     assert rows[3] == f"| {after} | 0.250 | -0.500 (0.289) | 0.85 | 0.50 | 0.50 | 0.00 | 2 |"
 
 
-def test_refuses_an_evaluation_of_other_tasks(tmp_path):
+def test_refuses_an_evaluation_of_other_tasks(tmp_path, example_script):
     before = _eval(tmp_path / "before.parquet", [(1, 0.2, True)] * 3)
     other = _eval(tmp_path / "other.parquet", [(1, 0.2, True)] * 2)
     with pytest.raises(SystemExit, match="not the held-out tasks"):
-        _table().main(str(before), [str(other)])
+        example_script('hacking/table.py').main(str(before), [str(other)])

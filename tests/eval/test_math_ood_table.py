@@ -1,21 +1,11 @@
 """examples/math_ood/table.py: a variant's twin tasks are paired with the plain split's
 by their number, and the paired difference and lure rate are the hand-computed ones."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from ponder.types import Trajectory, save_trajectories
-
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "math_ood" / "table.py"
-
-
-def _table():
-    spec = importlib.util.spec_from_file_location("math_ood_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _eval(path: Path, prefix: str, correct: list[float], lure: list[float] | None = None) -> Path:
@@ -27,18 +17,18 @@ def _eval(path: Path, prefix: str, correct: list[float], lure: list[float] | Non
     return path
 
 
-def test_pairs_twins_by_number_and_reports_the_paired_drop(tmp_path, capsys):
+def test_pairs_twins_by_number_and_reports_the_paired_drop(tmp_path, capsys, example_script):
     plain = _eval(tmp_path / "plain.parquet", "eval", [1, 1, 0, 1])
     bait = _eval(tmp_path / "bait.parquet", "bait", [1, 0, 0, 0], lure=[0, 1, 0, 1])
-    _table().main(str(plain), [str(bait)])
+    example_script('math_ood/table.py').main(str(plain), [str(bait)])
     rows = capsys.readouterr().out.splitlines()
     assert rows[2] == "| plain | 0.750 | | | 1.000 |"
     # differences 0, -1, 0, -1: mean -0.5, sd 0.577, se 0.289; lure 2 of 4
     assert rows[3] == f"| {bait} | 0.250 | -0.500 (0.289) | 0.500 | 1.000 |"
 
 
-def test_refuses_an_evaluation_of_other_tasks(tmp_path):
+def test_refuses_an_evaluation_of_other_tasks(tmp_path, example_script):
     plain = _eval(tmp_path / "plain.parquet", "eval", [1, 1, 0])
     other = _eval(tmp_path / "ood.parquet", "ood", [1, 0])
     with pytest.raises(SystemExit, match="not the twins"):
-        _table().main(str(plain), [str(other)])
+        example_script('math_ood/table.py').main(str(plain), [str(other)])
