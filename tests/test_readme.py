@@ -40,6 +40,7 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo": TINY,
     "ponder train --recipe recipes/search_qa_ppo.yaml --out runs/ppo algo.epochs=4": TINY,
     "ponder train --resume runs/grpo train.steps=30": ["train.steps=3"],
+    "ponder train --recipe recipes/search_qa_rloo.yaml --sft-from runs/grpo --out runs/grpo-rloo": TINY,
     "ponder plot runs/grpo": [],
     "ponder plot --compare runs/demo runs/rloo --key reward/mean --key episode/searches --out cmp.png": [],
     "ponder report runs/demo --compare runs/rloo": [],
@@ -123,6 +124,9 @@ CHECKS: dict[str, Callable[[Path, str], bool]] = {
     "ponder train --resume runs/grpo train.steps=30":
         lambda d, out: [json.loads(line)["step"] for line in open(d / "runs/grpo/metrics.jsonl")]
         == [1, 2, 3],
+    "ponder train --recipe recipes/search_qa_rloo.yaml --sft-from runs/grpo --out runs/grpo-rloo":
+        lambda d, out: (d / "runs/grpo-rloo/sft/adapter_model.safetensors").read_bytes()
+        == (d / "runs/grpo/sft/adapter_model.safetensors").read_bytes(),
     "ponder plot runs/grpo": lambda d, out: (d / "runs/grpo/plots/reward.png").is_file(),
     "ponder plot --compare runs/demo runs/rloo --key reward/mean --key episode/searches --out cmp.png":
         lambda d, out: (d / "cmp.png").read_bytes()[:4] == b"\x89PNG",

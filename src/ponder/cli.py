@@ -123,6 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ponder.models.adapters import MANIFEST, load_adapter_weights
     from ponder.rundir import check_resume_recipe, claim_run_dir, discard_on_error, require_run_dir
     from ponder.train.progress import item_progress, training_progress
+    from ponder.train.demo import copy_warm_up, warm_up_weights
     from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
     from ponder.train.sft import warm_up
     from ponder.wiring import check_parts
@@ -145,13 +146,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         from ponder.train.distributed import check_address
 
         check_address(args.ray)
+    if args.sft_from:  # so does a warm-up made with other settings
+        if args.resume:
+            raise ValueError("--sft-from starts a new run; give it with --recipe, not --resume")
+        warm_up_from = warm_up_weights(args.sft_from, recipe)[0]
     policy = prepare_policy(recipe)  # so do bad model names and paths
     if not args.resume:
         run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
     with discard_on_error(run_dir, fresh=not args.resume):
         if not args.resume:
             write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
-            if recipe.sft.steps > 0:
+            if args.sft_from:
+                load_adapter_weights(policy.model, copy_warm_up(warm_up_from, run_dir))
+            elif recipe.sft.steps > 0:
                 with item_progress("SFT steps", recipe.sft.steps) as advance:
                     warm_up(recipe, policy, run_dir / "sft", advance)
         elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
@@ -184,7 +191,7 @@ def _ray_learner(args: argparse.Namespace, recipe: Any, policy: Any, run_dir: An
     from ponder.models.adapters import trainable_state
     from ponder.train.ray_learner import RayLearner
 
-    start_state = trainable_state(policy.model) if recipe.sft.steps > 0 else None
+    start_state = trainable_state(policy.model) if recipe.sft.steps > 0 or args.sft_from else None
     address = None if args.ray == "local" else args.ray
     return RayLearner(recipe, run_dir, address, start_state, resume=bool(args.resume))
 
@@ -439,6 +446,10 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("--out", help="run directory (default: the recipe's train.out)")
     train.add_argument("--model", help=MODEL_HELP + " to start from")
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    train.add_argument("--sft-from", metavar="RUN_DIR",
+                       help="start from a finished run's SFT warm-up (RUN_DIR/sft, copied into "
+                       "--out) instead of warming up again; its recipe must match in all but the RL "
+                       "settings")  # fmt: skip
     train.add_argument("--allow-recipe-change", action="store_true",
                        help="with --resume: accept overrides beyond train.steps/save_every/eval_every")  # fmt: skip
     train.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",

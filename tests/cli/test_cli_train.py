@@ -44,3 +44,29 @@ def test_unknown_estimator_fails_before_loading(tmp_path, capsys):
     assert code == 2
     assert "unknown advantage estimator 'gpro'" in message and "grpo" in message
     assert not (tmp_path / "r").exists()
+
+
+def test_sft_from_trains_from_another_runs_warm_up_without_warming_up_again(tmp_path, capsys):
+    from ponder.models.adapters import saved_weights
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["train", "--recipe", "recipes/search_qa_grpo.yaml", "--out", str(first), *TINY]) == 0
+    assert main(["train", "--recipe", "recipes/search_qa_grpo.yaml", "--out", str(second), *TINY,
+                 "--sft-from", str(first), "algo.advantage=rloo", "optim.lr=1e-6"]) == 0  # fmt: skip
+    # the warm-up was copied, not run again: the same weights and the same SFT log
+    assert (second / "sft" / "metrics.jsonl").read_bytes() == (first / "sft" / "metrics.jsonl").read_bytes()
+    warm = saved_weights(first / "sft")
+    assert saved_weights(second / "sft").keys() == warm.keys()
+    # RL started from them: after two steps at lr 1e-6 the LoRA B factors (zero at a
+    # fresh start) are still the warm-up's, to within the steps' change
+    trained = saved_weights(second / "checkpoints" / "step-000002")
+    b_keys = [key for key in warm if "lora_B" in key]
+    assert b_keys and max(warm[k].abs().max().item() for k in b_keys) > 1e-4
+    assert max((trained[k] - warm[k]).abs().max().item() for k in b_keys) < 1e-5
+    assert _steps(second) == [1, 2]
+    # a warm-up made with other settings is refused before anything is written
+    code = main(["train", "--recipe", "recipes/search_qa_grpo.yaml", "--out", str(tmp_path / "third"), *TINY,
+                 "--sft-from", str(first), "sft.lr=1e-3"])  # fmt: skip
+    assert code == 2
+    assert "section 'sft' differs from this recipe; reuse needs the same warm-up" in capsys.readouterr().err
+    assert not (tmp_path / "third").exists()

@@ -140,7 +140,7 @@ def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
         run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
     with pytest.raises(ValueError, match=r"env.max_turns 2 is below the warm-up's 3"):
         run_demo(load_recipe(None, TINY + ["env.max_turns=2"]), tmp_path / "fewer", say=lambda _: None, sft_from=out)
-    with pytest.raises(FileNotFoundError, match=r"ponder.json: missing; --sft-from needs a finished demo run"):
+    with pytest.raises(FileNotFoundError, match=r"ponder.json: missing; --sft-from needs a finished run"):
         run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
 
 

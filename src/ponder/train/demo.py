@@ -158,6 +158,37 @@ def _more_turns(theirs: dict[str, Any], ours: dict[str, Any], run_dir: Path) -> 
     return True
 
 
+def warm_up_weights(run_dir: str | Path, recipe: Recipe) -> tuple[Path, bool]:
+    """A run's SFT weights (RUN_DIR/sft) and whether `recipe` allows more turns than
+    its warm-up did, after checking that its recipe differs from `recipe` only in RL
+    settings (RL_SECTIONS, RL_KEYS) and perhaps a larger env.max_turns."""
+    run_dir = Path(run_dir)
+    weights = run_dir / "sft"
+    for path in (weights / MANIFEST, run_dir / "recipe.yaml"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished run with an SFT stage")
+    # through load_recipe: keys added to ponder since that run was saved take their defaults
+    theirs = _warm_up_settings(to_dict(load_recipe(run_dir / "recipe.yaml")))
+    ours = _warm_up_settings(to_dict(recipe))
+    more_turns = _more_turns(theirs, ours, run_dir)
+    for section in ours:
+        if ours[section] != theirs.get(section):
+            raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
+    return weights, more_turns
+
+
+def copy_warm_up(weights: Path, run_dir: Path) -> Path:
+    """Copy a warm-up's weights into RUN_DIR/sft (whole or not at all), so the run
+    resumes from them like from its own warm-up."""
+    target = run_dir / "sft"
+    partial = run_dir / "sft.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(weights, partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
+
+
 def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     """The SFT weights and pre-RL evaluations of a finished demo run, after checking
     that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)
@@ -165,19 +196,13 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     evaluations run again). With another reward its evaluations' stored episodes
     are re-scored (run again when a judge model scores them)."""
     run_dir = Path(run_dir)
-    weights, results = run_dir / "sft", run_dir / "results.json"
-    for path in (weights / MANIFEST, results, run_dir / "recipe.yaml"):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished demo run with an SFT stage")
-    # through load_recipe: keys added to ponder since that run was saved take their defaults
-    saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
-    theirs, ours = _warm_up_settings(saved), _warm_up_settings(to_dict(recipe))
-    more_turns = _more_turns(theirs, ours, run_dir)
-    for section in ours:
-        if ours[section] != theirs.get(section):
-            raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
+    weights, more_turns = warm_up_weights(run_dir, recipe)
+    results = run_dir / "results.json"
+    if not results.is_file():
+        raise FileNotFoundError(f"{results}: missing; --sft-from needs a finished demo run with an SFT stage")
     if more_turns:  # episodes may now run longer: its evaluations run again
         return _SFTRun(run_dir, weights, {})
+    saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
     if saved["reward"] == to_dict(recipe)["reward"]:
