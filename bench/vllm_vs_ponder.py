@@ -31,6 +31,7 @@ import torch
 
 from ponder.config import RolloutConfig, SamplingConfig
 from ponder.models import load_policy
+from ponder.models.cpu_threads import last_decision
 from ponder.rollout import GenerationRequest, HFBackend
 from ponder.rollout.vllm import VLLMBackend
 
@@ -82,15 +83,19 @@ def sweep(systems: dict, tokenizer, args: argparse.Namespace, label: str) -> lis
     for batch in args.batches:
         contexts = prompts(tokenizer, batch)
         runs: dict[str, list[float]] = {name: [] for name in systems}
+        threads = []  # what ponder's decoder chose (ponder.models.cpu_threads)
         for round_index in range(args.repeats):
             for name, backend in systems.items():
                 runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
-        row = {"batch": batch, "load": label, **{name: statistics.median(v) for name, v in runs.items()}}
+                threads += [last_decision()] if name == "ponder" else []
+        row = {"batch": batch, "load": label, **{name: statistics.median(v) for name, v in runs.items()},
+               "ponder threads": threads}  # fmt: skip
         best = max(row[name] for name in systems if name != "ponder")
         row["ponder/best vllm"] = row["ponder"] / best
         results.append(row)
         cells = "  ".join(f"{name} {row[name]:7.1f}" for name in systems)
-        print(f"{label} batch {batch:>3}: {cells} tok/s  ponder/best vLLM {row['ponder/best vllm']:.2f}",
+        ratio = row["ponder/best vllm"]
+        print(f"{label} batch {batch:>3}: {cells} tok/s  ponder/best vLLM {ratio:.2f}  threads {threads}",
               flush=True)  # fmt: skip
     return results
 

@@ -1,25 +1,78 @@
 """The decode thread count under CPU contention (ponder.models.cpu_threads)."""
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
-from ponder.models.cpu_threads import decode_threads, threads_for, torch_threads
+from ponder.models.cpu_threads import (
+    CpuSnapshot, decode_threads, others_busy, read_snapshot, threads_for, torch_threads,
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("load", "own", "cores", "expected"),
+    ("others", "own", "cores", "expected"),
     [
-        (2.0, 2, 2, 2),  # only this process's two threads: keep both
-        (0.3, 2, 2, 2),  # idle machine (this process just started)
-        (3.0, 2, 2, 1),  # one other busy process: one core left
-        (7.0, 2, 2, 1),  # heavily loaded: never below one thread
-        (4.0, 4, 8, 4),  # a big machine with room to spare
-        (10.0, 4, 8, 2),  # six cores taken by others: two left
-        (2.6, 2, 2, 1),  # 0.6 of a core taken rounds to one left
+        (0.0, 2, 2, 2),  # idle machine: keep both
+        (0.4, 2, 2, 2),  # a little background work: 1.6 free rounds to two
+        (1.0, 2, 2, 1),  # one other busy process: one core left
+        (5.0, 2, 2, 1),  # heavily loaded: never below one thread
+        (0.0, 4, 8, 4),  # a big machine with room to spare: never above torch's count
+        (6.0, 4, 8, 2),  # six cores taken by others: two left
+        (0.6, 2, 2, 1),  # 0.6 of a core taken rounds to one left
     ],
 )
-def test_threads_follow_the_other_processes_load(load, own, cores, expected):
-    assert threads_for(load, own, cores) == expected
+def test_threads_follow_what_the_others_use(others, own, cores, expected):
+    assert threads_for(others, own, cores) == expected
+
+
+def test_others_busy_hand_computed():
+    # over 2 s the cores were busy 3.0 CPU-seconds, 1.0 of them this process's: the
+    # others kept one core busy
+    assert others_busy(CpuSnapshot(10.0, 100.0, 5.0), CpuSnapshot(12.0, 103.0, 6.0)) == pytest.approx(1.0)
+    # this process's own work is never counted as the others', and never below 0
+    assert others_busy(CpuSnapshot(0.0, 0.0, 0.0), CpuSnapshot(1.0, 2.0, 2.0)) == 0.0
+    assert others_busy(CpuSnapshot(0.0, 0.0, 0.0), CpuSnapshot(1.0, 1.0, 1.5)) == 0.0
+    # invariant to where the counters start
+    shift = CpuSnapshot(1e6, 5e5, 300.0)
+    a, b = CpuSnapshot(1.0, 2.0, 0.5), CpuSnapshot(3.0, 5.0, 1.0)
+    moved = [CpuSnapshot(s.wall + shift.wall, s.busy + shift.busy, s.own + shift.own) for s in (a, b)]
+    assert others_busy(*moved) == pytest.approx(others_busy(a, b)) == pytest.approx(1.25)
+
+
+def test_read_snapshot_counts_busy_ticks_of_the_allowed_cores_only(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal (guest columns after)
+    stat.write_text("cpu  900 0 300 5000 10 0 0 0 0 0\n"
+                    "cpu0 100 10 50 2000 5 1 2 3 0 0\n"
+                    "cpu1 800 0 250 3000 5 0 0 0 0 0\n"
+                    "intr 12345\n")  # fmt: skip
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert read_snapshot({0}, str(stat)).busy == pytest.approx(166 / ticks)
+    assert read_snapshot({0, 1}, str(stat)).busy == pytest.approx((166 + 1050) / ticks)
+    assert read_snapshot({0}, str(tmp_path / "none")) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs /proc/stat (Linux)")
+def test_two_busy_processes_read_as_the_others_not_as_this_process():
+    spin = "import multiprocessing as m\ndef s():\n    while True: pass\nm.Process(target=s, daemon=True).start()\ns()"
+    load = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        cores = os.sched_getaffinity(0)
+        before = read_snapshot(cores)
+        sum(i * i for i in range(2_000_000))  # this process's own work in the interval
+        time.sleep(1.0)
+        after = read_snapshot(cores)
+    finally:
+        os.killpg(load.pid, 9)
+        load.wait()
+    assert after.own - before.own > 0.05
+    # the two spinners hold nearly two cores (of however many there are), this process none of them
+    assert others_busy(before, after) > (1.5 if len(cores) >= 2 else 0.8)
 
 
 def test_forced_count_and_bad_values(monkeypatch):

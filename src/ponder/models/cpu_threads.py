@@ -10,9 +10,15 @@ contention"):
 - 1 thread: 7.2 tokens/s;
 - 2 threads with OMP_WAIT_POLICY=PASSIVE: 6.6 tokens/s.
 On an idle machine, 2 threads are the faster choice. So the thread count follows
-the load: `decode_threads()` leaves torch's setting alone while the other processes'
-load leaves the cores free, and drops to the cores they leave (at least one) when
-it does not.
+what the other processes use: `decode_threads()` leaves torch's setting alone while
+they leave the cores free, and drops to the cores they leave (at least one) when
+they do not.
+
+What the others use is measured, not guessed from the load average: the cores'
+busy time in /proc/stat less this process's own CPU time, over the interval since
+the previous decision (or a 0.1 s window when there is none recent). The 1-minute
+load average could not tell this process's own recent work from another job's (a
+competing job of two busy processes read as this process's two threads).
 
 `PONDER_DECODE_THREADS=auto|N` (default auto) forces a count, for A/B runs.
 """
@@ -21,40 +27,102 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
 ENV_VAR = "PONDER_DECODE_THREADS"
+WINDOW_S = 0.1  # a fresh measurement's length
+REUSE_S = 0.5  # calls closer together than this reuse the last decision (ticks are 10 ms)
+STALE_S = 30.0  # an older snapshot says little about now: measure afresh
 
 
-def free_cores(load: float, own_threads: int, cores: int) -> float:
-    """Cores the other processes leave free: the 1-minute load average less this
-    process's own busy threads (a trainer computes nearly all the time)."""
-    others = max(load - own_threads, 0.0)
-    return cores - others
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """Wall clock, busy CPU-seconds of the cores this process may use, and this
+    process's own CPU-seconds, read at one moment."""
+
+    wall: float
+    busy: float
+    own: float
 
 
-def threads_for(load: float, own_threads: int, cores: int) -> int:
+def others_busy(before: CpuSnapshot, after: CpuSnapshot) -> float:
+    """Cores the other processes kept busy between two snapshots, on average."""
+    elapsed = after.wall - before.wall
+    if elapsed <= 0:
+        return 0.0
+    return max((after.busy - before.busy) - (after.own - before.own), 0.0) / elapsed
+
+
+def threads_for(others: float, own_threads: int, cores: int) -> int:
     """The thread count for a decode step: the current one while the others leave
     that many cores free, else the free cores rounded, at least 1."""
-    return max(1, min(own_threads, round(free_cores(load, own_threads, cores))))
+    return max(1, min(own_threads, round(cores - others)))
+
+
+def read_snapshot(cores: set[int], stat: str = "/proc/stat") -> CpuSnapshot | None:
+    """A CpuSnapshot from /proc/stat's per-core lines; None where there is none."""
+    try:
+        with open(stat) as handle:
+            lines = handle.readlines()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+            busy += user + nice + system + irq + softirq + steal
+    return CpuSnapshot(time.monotonic(), busy / ticks, time.process_time())
+
+
+class _Decisions:
+    """The last snapshot and decision, shared by every backend of the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.snapshot: CpuSnapshot | None = None
+        self.threads: int | None = None
+
+    def choose(self, own: int, cores: set[int]) -> int:
+        with self.lock:
+            now = read_snapshot(cores)
+            if now is None:  # no /proc/stat on this platform: leave torch's count
+                return own
+            before = self.snapshot
+            if before is not None and self.threads is not None and now.wall - before.wall < REUSE_S:
+                return min(self.threads, own)
+            if before is None or now.wall - before.wall > STALE_S:
+                time.sleep(WINDOW_S)
+                before, now = now, read_snapshot(cores) or now
+            self.snapshot = now
+            self.threads = threads_for(others_busy(before, now), own, len(cores))
+            return self.threads
+
+
+_DECISIONS = _Decisions()
 
 
 def decode_threads() -> int:
-    """Threads for the next CPU decode call (PONDER_DECODE_THREADS, else by load)."""
+    """Threads for the next CPU decode call (PONDER_DECODE_THREADS, else by what the
+    other processes use)."""
     forced = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if forced != "auto":
         if not forced.isdigit() or int(forced) < 1:
             raise ValueError(f"{ENV_VAR}={forced!r}: give auto or a thread count >= 1")
         return int(forced)
-    own = torch.get_num_threads()
-    try:
-        load = os.getloadavg()[0]
-    except (OSError, AttributeError):  # no load average on this platform: leave torch's count
-        return own
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return threads_for(load, own, cores)
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    return _DECISIONS.choose(torch.get_num_threads(), cores)
+
+
+def last_decision() -> int | None:
+    """The thread count the last automatic decision chose (None before the first)."""
+    return _DECISIONS.threads
 
 
 @contextlib.contextmanager
