@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ponder.models.cpu_threads import (
-    CpuSnapshot, decode_threads, others_busy, read_snapshot, threads_for, torch_threads,
+    CpuSnapshot, Decisions, decode_threads, others_busy, read_snapshot, threads_for, torch_threads,
 )  # fmt: skip
 
 
@@ -73,6 +73,25 @@ def test_two_busy_processes_read_as_the_others_not_as_this_process():
     assert after.own - before.own > 0.05
     # the two spinners hold nearly two cores (of however many there are), this process none of them
     assert others_busy(before, after) > (1.5 if len(cores) >= 2 else 0.8)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs /proc/stat and two cores")  # fmt: skip
+def test_a_decision_beside_two_busy_processes_takes_one_thread():
+    two = set(sorted(os.sched_getaffinity(0))[:2])
+    spin = (f"import multiprocessing as m, os\nos.sched_setaffinity(0, {two})\n"
+            "def s():\n    while True: pass\nm.Process(target=s, daemon=True).start()\ns()")  # fmt: skip
+    load = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        time.sleep(0.5)
+        decisions = Decisions()
+        assert decisions.choose(2, two) == 1  # a fresh 0.1 s window: the two cores are taken
+        first = decisions.snapshot
+        assert decisions.choose(2, two) == 1 and decisions.snapshot is first  # reused, not measured
+        assert decisions.choose(1, two) == 1
+    finally:
+        os.killpg(load.pid, 9)
+        load.wait()
 
 
 def test_forced_count_and_bad_values(monkeypatch):

@@ -81,7 +81,7 @@ def read_snapshot(cores: set[int], stat: str = "/proc/stat") -> CpuSnapshot | No
     return CpuSnapshot(time.monotonic(), busy / ticks, time.process_time())
 
 
-class _Decisions:
+class Decisions:
     """The last snapshot and decision, shared by every backend of the process."""
 
     def __init__(self) -> None:
@@ -90,6 +90,8 @@ class _Decisions:
         self.threads: int | None = None
 
     def choose(self, own: int, cores: set[int]) -> int:
+        if own <= 1:  # nothing to drop (tests, Ray workers): no measurement
+            return own
         with self.lock:
             now = read_snapshot(cores)
             if now is None:  # no /proc/stat on this platform: leave torch's count
@@ -105,7 +107,7 @@ class _Decisions:
             return self.threads
 
 
-_DECISIONS = _Decisions()
+_DECISIONS = Decisions()
 
 
 def decode_threads() -> int:
