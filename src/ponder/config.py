@@ -179,6 +179,9 @@ class TaskGenConfig:
     n_people: fictional people in the world (companies and cities scale with it).
     n_train / n_eval: tasks per split; eval tasks ask about different entities.
     single_hop / multi_hop / in_prompt: mix of task kinds (weights, normalised).
+    plan: the oracle's first thought opens with the number of lookups the question
+        needs ("No lookup needed.", "One lookup.", "Two lookups."), so a policy that
+        imitates it commits to a plan at its first token, where the question is read.
     """
 
     seed: int = 0
@@ -188,6 +191,7 @@ class TaskGenConfig:
     single_hop: float = 0.5
     multi_hop: float = 0.25
     in_prompt: float = 0.25
+    plan: bool = False
 
 
 @dataclass

@@ -200,3 +200,16 @@ def test_more_tasks_than_distinct_questions_still_fills_the_split():
     eval_people = set().union(*(_people_in(t) for t in small.eval))
     train_people = set().union(*(_people_in(t) for t in small.train))
     assert len(eval_people) == 2 and not eval_people & train_people
+
+
+def test_plan_opens_the_first_thought_with_the_lookups_needed(world):
+    planned = generate_world(dataclasses.replace(CFG, plan=True))
+    opening = {
+        "in_prompt": "<think>No lookup needed. ",
+        "single_hop": "<think>One lookup. ",
+        "multi_hop": "<think>Two lookups. ",
+    }
+    for plain, task in zip(world.train + world.eval, planned.train + planned.eval, strict=True):
+        assert task.id == plain.id and task.question == plain.question  # the same world
+        assert task.oracle_actions[0] == plain.oracle_actions[0].replace("<think>", opening[task.kind], 1)
+        assert task.oracle_actions[1:] == plain.oracle_actions[1:]

@@ -115,7 +115,19 @@ def generate_world(cfg: TaskGenConfig) -> SyntheticWorld:
     weights = {"single_hop": cfg.single_hop, "multi_hop": cfg.multi_hop, "in_prompt": cfg.in_prompt}
     train = _make_split("train", public["train"], private["train"], cfg.n_train, weights, entities, rng)
     held_out = _make_split("eval", public["eval"], private["eval"], cfg.n_eval, weights, entities, rng)
+    if cfg.plan:
+        for task in train + held_out:
+            lookups = len(task.metadata["hops"]) if task.needs_search else 0
+            task.oracle_actions[0] = with_plan(task.oracle_actions[0], lookups)
     return SyntheticWorld(corpus=corpus, train=train, eval=held_out)
+
+
+PLANS = ("No lookup needed.", "One lookup.", "Two lookups.")
+
+
+def with_plan(action: str, lookups: int) -> str:
+    """`action` with its thought opened by the number of lookups the question needs."""
+    return action.replace("<think>", f"<think>{PLANS[lookups]} ", 1)
 
 
 def _split_people(people: list[Entity], rng: random.Random) -> dict[str, list[str]]:
