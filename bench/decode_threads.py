@@ -3,7 +3,7 @@ machine has now (docs/benchmarks.md, "Under CPU contention").
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/decode_threads.py --threads 2 --batch 1
     OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 .venv/bin/python bench/decode_threads.py --threads 2
-    PONDER_DECODE_THREADS=2 ...      # the count forced, not chosen by load
+    PONDER_CPU_THREADS=2 ...         # the count forced, not chosen by load
 
 Prints the thread count, the wait policy, tokens/s of three `HFBackend.generate`
 calls (after one warm-up) and the load average.

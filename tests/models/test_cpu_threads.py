@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ponder.models.cpu_threads import (
-    CpuSnapshot, Decisions, decode_threads, others_busy, read_snapshot, threads_for, torch_threads,
+    CpuSnapshot, Decisions, step_threads, others_busy, read_snapshot, threads_for, torch_threads,
 )  # fmt: skip
 
 
@@ -95,17 +95,44 @@ def test_a_decision_beside_two_busy_processes_takes_one_thread():
 
 
 def test_forced_count_and_bad_values(monkeypatch):
-    monkeypatch.setenv("PONDER_DECODE_THREADS", "3")
-    assert decode_threads() == 3
-    monkeypatch.setenv("PONDER_DECODE_THREADS", "zero")
-    with pytest.raises(ValueError, match="PONDER_DECODE_THREADS='zero'"):
-        decode_threads()
-    monkeypatch.setenv("PONDER_DECODE_THREADS", "auto")
-    assert 1 <= decode_threads() <= torch.get_num_threads()
+    monkeypatch.setenv("PONDER_CPU_THREADS", "3")
+    assert step_threads() == 3
+    monkeypatch.setenv("PONDER_CPU_THREADS", "zero")
+    with pytest.raises(ValueError, match="PONDER_CPU_THREADS='zero'"):
+        step_threads()
+    monkeypatch.setenv("PONDER_CPU_THREADS", "auto")
+    assert 1 <= step_threads() <= torch.get_num_threads()
 
 
 def test_torch_threads_restores_the_count():
     before = torch.get_num_threads()
     with torch_threads(1):
         assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_training_passes_run_at_the_chosen_count(monkeypatch):
+    """The RL update, its no-grad passes and the SFT step each run their forward (and
+    backward) at the count step_threads chooses, and give torch its own count back."""
+    from ponder.config import SFTConfig, load_recipe
+    from ponder.train.batch import collate
+    from ponder.train.rl import RLTrainer
+    from ponder.train.sft import sft_train
+    from ponder.train.update import forward_pass_no_grad, optimise
+
+    overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
+                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
+                 "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4"]  # fmt: skip
+    trainer = RLTrainer.from_recipe(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
+    trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
+    seen: list[int] = []
+    trainer.policy.model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    monkeypatch.setenv("PONDER_CPU_THREADS", str(before + 1))  # a count no pass would take by itself
+    forward_pass_no_grad(trainer.policy, batch, 2, 1.0)
+    advantages = torch.ones_like(batch.loss_mask)
+    optimise(trainer.update_inputs(), batch, advantages * batch.loss_mask, torch.zeros_like(advantages))
+    sft_train(trainer.policy, trajectories, SFTConfig(steps=1, batch_size=2), micro_batch_size=1)
+    assert len(seen) == 2 + 4 + 2 and set(seen) == {before + 1}
     assert torch.get_num_threads() == before

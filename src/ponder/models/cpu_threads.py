@@ -1,16 +1,17 @@
-"""How many threads a CPU decode step should use when other work shares the cores.
+"""How many threads a CPU decode step, or a training pass (forward and backward of a
+micro-batch), should use when other work shares the cores.
 
 Why: torch's OpenMP threads spin-wait at the end of every parallel region for the
-other threads of their team. A decode step is hundreds of short regions. When
-another process holds a core, the thread that was descheduled makes every region
-wait for the scheduler. Measured on the 2-core machine with a load average of 6-8
-from other jobs, SmolLM2 decoding at batch 1 (docs/benchmarks.md, "Under CPU
-contention"):
+other threads of their team. A decode step is hundreds of short regions, and so is a
+training pass. When another process holds a core, the thread that was descheduled
+makes every region wait for the scheduler. Measured on the 2-core machine with a
+load average of 6-8 from other jobs, SmolLM2 decoding at batch 1 (docs/benchmarks.md,
+"Under CPU contention"):
 - 2 threads: 0.9 tokens/s;
 - 1 thread: 7.2 tokens/s;
 - 2 threads with OMP_WAIT_POLICY=PASSIVE: 6.6 tokens/s.
 On an idle machine, 2 threads are the faster choice. So the thread count follows
-what the other processes use: `decode_threads()` leaves torch's setting alone while
+what the other processes use: `step_threads()` leaves torch's setting alone while
 they leave the cores free, and drops to the cores they leave (at least one) when
 they do not.
 
@@ -20,7 +21,7 @@ the previous decision (or a 0.1 s window when there is none recent). The 1-minut
 load average could not tell this process's own recent work from another job's (a
 competing job of two busy processes read as this process's two threads).
 
-`PONDER_DECODE_THREADS=auto|N` (default auto) forces a count, for A/B runs.
+`PONDER_CPU_THREADS=auto|N` (default auto) forces a count, for A/B runs.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-ENV_VAR = "PONDER_DECODE_THREADS"
+ENV_VAR = "PONDER_CPU_THREADS"
 WINDOW_S = 0.1  # a fresh measurement's length
 REUSE_S = 0.5  # calls closer together than this reuse the last decision (ticks are 10 ms)
 STALE_S = 30.0  # an older snapshot says little about now: measure afresh
@@ -59,7 +60,7 @@ def others_busy(before: CpuSnapshot, after: CpuSnapshot) -> float:
 
 
 def threads_for(others: float, own_threads: int, cores: int) -> int:
-    """The thread count for a decode step: the current one while the others leave
+    """The thread count for a step: the current one while the others leave
     that many cores free, else the free cores rounded, at least 1."""
     return max(1, min(own_threads, round(cores - others)))
 
@@ -110,9 +111,9 @@ class Decisions:
 _DECISIONS = Decisions()
 
 
-def decode_threads() -> int:
-    """Threads for the next CPU decode call (PONDER_DECODE_THREADS, else by what the
-    other processes use)."""
+def step_threads() -> int:
+    """Threads for the next CPU decode call or training pass (PONDER_CPU_THREADS, else
+    by what the other processes use)."""
     forced = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
     if forced != "auto":
         if not forced.isdigit() or int(forced) < 1:

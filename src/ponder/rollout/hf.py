@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ponder.config import SamplingConfig
-from ponder.models.cpu_threads import decode_threads, torch_threads
+from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
 from ponder.rollout.graph_decode import GraphStep
@@ -99,7 +99,7 @@ class HFBackend:
         if self.policy.device.type != "cpu":
             return self._generate(requests, stop_strings)
         # Fewer threads while other processes hold the cores (ponder.models.cpu_threads).
-        with torch_threads(decode_threads()):
+        with torch_threads(step_threads()):
             return self._generate(requests, stop_strings)
 
     @torch.no_grad()

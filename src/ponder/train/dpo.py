@@ -20,6 +20,7 @@ from ponder.algos.dpo import (
 )  # fmt: skip
 from ponder.config import DPOConfig, OptimConfig
 from ponder.data.format import TokenizedExample
+from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.logprobs import adapters_disabled
 from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
@@ -186,15 +187,16 @@ class DPOTrainer:
         for start in range(0, len(indices), self.cfg.micro_batch_size):
             part = indices[start : start + self.cfg.micro_batch_size]
             pairs = [self.pairs[i] for i in part]
-            chosen, rejected, chosen_mean = pair_logprobs(self.policy, pairs, self.average)
-            ref = (None, None)
-            if self.reference is not None:
-                index = torch.tensor(part)
-                ref = (self.reference[0][index].to(chosen.device), self.reference[1][index].to(chosen.device))
-            losses, stats = dpo_loss(chosen, rejected, ref[0], ref[1], self.loss_cfg)
-            stats["chosen_nll"] = -chosen_mean.detach()
-            losses = with_chosen_nll(losses, chosen_mean, self.cfg.rpo_alpha)
-            (losses.sum() / len(indices)).backward()  # exact mean over the whole batch
+            with torch_threads(step_threads()):  # fewer while other processes hold the cores
+                chosen, rejected, chosen_mean = pair_logprobs(self.policy, pairs, self.average)
+                ref = (None, None)
+                if self.reference is not None:
+                    index = torch.tensor(part)
+                    ref = tuple(side[index].to(chosen.device) for side in self.reference)
+                losses, stats = dpo_loss(chosen, rejected, ref[0], ref[1], self.loss_cfg)
+                stats["chosen_nll"] = -chosen_mean.detach()
+                losses = with_chosen_nll(losses, chosen_mean, self.cfg.rpo_alpha)
+                (losses.sum() / len(indices)).backward()  # exact mean over the whole batch
             sums["loss"] += float(losses.detach().sum())
             for name, values in stats.items():
                 sums[name] += float(values.sum())

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ponder.config import OptimConfig, Recipe, SFTConfig
 from ponder.models import Policy
+from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.forward import forward_policy
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.batch import collate
@@ -105,9 +106,12 @@ def sft_train(
         total = 0.0
         for start in range(0, len(batch), micro_batch_size):
             part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
-            logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
-            loss = -(logprobs * part.loss_mask).sum() / tokens  # exact token mean across micro-batches
-            loss.backward()
+            with torch_threads(step_threads()):  # fewer while other processes hold the cores
+                logprobs, _, _ = forward_policy(
+                    policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask
+                )
+                loss = -(logprobs * part.loss_mask).sum() / tokens  # exact token mean across micro-batches
+                loss.backward()
             total += float(loss.detach())
         grad_norm, lr = optimizer_step(params, optimizer, scheduler, 1.0)
         release_memory()  # the step's activations, before the next step allocates its own

@@ -28,6 +28,7 @@ from ponder.algos import (
 from ponder.algos.utils import masked_mean
 from ponder.config import AlgoConfig
 from ponder.models import Policy
+from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.forward import forward_policy
 from ponder.models.value_head import ValueHead
 from ponder.train.batch import TokenBatch
@@ -67,9 +68,10 @@ def forward_pass_no_grad(
     for start in range(0, len(batch), micro_batch_size):
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
         part = batch.select(rows).to(policy.device)
-        logprobs, _, values = forward_policy(
-            policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
-        )
+        with torch_threads(step_threads()):  # fewer while other processes hold the cores
+            logprobs, _, values = forward_policy(
+                policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
+            )
         result = values if value_head is not None else logprobs
         out[rows, : result.shape[1]] = result.to(out.device)
     return out
@@ -118,11 +120,12 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
     rows = sorted(range(len(mini)), key=lambda i: lengths[i])
     for start in range(0, len(rows), algo.micro_batch_size):
         part = mini.select(rows[start : start + algo.micro_batch_size]).to(inputs.policy.device)
-        loss, part_stats = _micro_batch_loss(inputs, part, denominator)
-        if not torch.isfinite(loss):
-            inputs.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteError("loss is NaN or infinite")
-        loss.backward()
+        with torch_threads(step_threads()):  # fewer while other processes hold the cores
+            loss, part_stats = _micro_batch_loss(inputs, part, denominator)
+            if not torch.isfinite(loss):
+                inputs.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError("loss is NaN or infinite")
+            loss.backward()
         weight = float(part.loss_mask.sum()) / max(tokens, 1.0)
         for key, value in part_stats.items():
             stats[key] += value * weight
