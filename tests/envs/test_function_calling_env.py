@@ -145,6 +145,34 @@ def test_bfcls_checker_scores_hand_made_replies(spec, tasks_by_id):
 
 
 @needs_bfcl
+def test_the_choice_term_rewards_the_right_functions_whatever_their_arguments(spec, tasks_by_id):
+    def choice(task: Task, action: str) -> float:
+        env = FunctionCallingEnv()
+        env.reset(task)
+        _, _, info = env.step(action)
+        reward = build_reward(fc_recipe("reward.terms.choice=0.5"), spec)
+        return reward(Trajectory(task.id, [1], turns=[info["turn"]]), task)
+
+    triangle = tasks_by_id["simple_python_0"]
+    assert choice(triangle, _call("calculate_triangle_area", base=10, height=5)) == (1.6, {
+        "bfcl": 1.0, "format": 1.0, "choice": 1.0})
+    assert choice(triangle, _call("calculate_triangle_area", base=11, height=5))[1] == {  # a wrong value
+        "bfcl": 0.0, "format": 1.0, "choice": 1.0}
+    assert choice(triangle, _call("calculate_circle_area", base=10, height=5))[1]["choice"] == 0.0
+    assert choice(triangle, "No function applies.") == (0.1, {"bfcl": 0.0, "format": 1.0, "choice": 0.0})
+    songs = tasks_by_id["parallel_0"]  # spotify.play twice: once is not the reference's choice
+    assert choice(songs, _call("spotify.play", artist="A", duration=1) * 2)[1]["choice"] == 1.0
+    assert choice(songs, _call("spotify.play", artist="Maroon 5", duration=15))[1]["choice"] == 0.0
+    irrelevant = tasks_by_id["irrelevance_0"]
+    assert choice(irrelevant, "None of the functions applies.")[1]["choice"] == 1.0
+    assert choice(irrelevant, _call("determine_body_mass_index", weight=1.0, height=1.0))[1]["choice"] == 0.0
+    assert choice(irrelevant, '<tool_call>{"name": x}</tool_call>') == (0.0, {"bfcl": 0.0, "format": 0.0,
+                                                                              "choice": 0.0})
+    # weight 0 unless a recipe sets it: the shipped reward is BFCL's checker and the format
+    assert build_reward(fc_recipe(), spec).weights == {"bfcl": 1.0, "format": 0.1}
+
+
+@needs_bfcl
 def test_the_reference_solver_scores_1_on_every_category(spec):
     per_category = 8
     tasks = [t for kind in CATEGORIES for t in [t for t in spec.eval if t.kind == kind][:per_category]]

@@ -279,13 +279,26 @@ def call_format(trajectory: Trajectory, task: Task) -> float:
     return 1.0 if trajectory.turns and trajectory.turns[0].error is None else 0.0
 
 
+def right_choice(trajectory: Trajectory, task: Task) -> float:
+    """1.0 when the reply calls exactly the functions the reference answer calls (by name,
+    any arguments), or none where none applies (irrelevance); else 0.0. A shaping term for
+    RL (weight 0 unless a recipe sets `reward.terms.choice`): with BFCL's checker alone, a
+    call with one wrong argument scores what declining scores, so RL learns to decline
+    questions it could call (docs/results-envs.md)."""
+    if not trajectory.turns or trajectory.turns[0].error is not None:
+        return 0.0
+    called = sorted(call.name for call in trajectory.turns[0].tool_calls or [])
+    wanted = sorted(name for call in task.metadata.get("ground_truth") or [] for name in call)
+    return 1.0 if called == wanted else 0.0
+
+
 @register_env("function_calling")
 def build_function_calling(ctx: EnvContext) -> EnvSpec:
-    """BFCL's non-live single-turn questions; reward `bfcl` (BFCL's AST checker, weight 1)
-    and `format` (weight 0.1)."""
+    """BFCL's non-live single-turn questions; reward `bfcl` (BFCL's AST checker, weight 1),
+    `format` (weight 0.1) and `choice` (weight 0: the right functions called, or none)."""
     options = FunctionCallingOptions.from_dict(dict(ctx.options))
     checker = shared_checker(options.venv)
     train, held_out = load_function_calling_tasks(options)
-    rewards = {"bfcl": BfclReward(checker), "format": call_format}
+    rewards = {"bfcl": BfclReward(checker), "format": call_format, "choice": right_choice}
     return EnvSpec(lambda: FunctionCallingEnv(options.max_description_chars), train, held_out, rewards,
                    {"bfcl": 1.0, "format": 0.1})  # fmt: skip
