@@ -1,6 +1,9 @@
 """cpu_matmul: both libraries compute the same products; the choice is measured or forced."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -92,3 +95,16 @@ def test_verdicts_are_kept_per_machine_so_every_process_rounds_alike(tmp_path, m
     assert kept == {"linear/8": True, "linear/16": False}
     cpu_matmul._verdict_file().write_text("{not json")
     assert cpu_matmul._verdict("linear/8", lambda: False) is False  # a damaged file is measured anew
+
+
+def test_onednn_primitive_cache_is_bounded_unless_the_user_set_it():
+    # a fresh interpreter each: oneDNN reads the variable once, at its first primitive
+    probe = ("import os, sys; from ponder.models import cpu_matmul; import torch; "
+             "cpu_matmul.linear(torch.ones(3, 4), torch.ones(5, 4), None); "
+             "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != cpu_matmul.PRIMITIVE_CACHE}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["64"]
+    env[cpu_matmul.PRIMITIVE_CACHE] = "7"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["7"]

@@ -34,6 +34,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+# oneDNN keeps a compiled primitive per operand shape, 1024 by default. Training passes
+# meet a new sequence length at almost every micro-batch, so the cache filled with
+# shapes never seen again: ~0.35 GB more RSS by the end of the demo's SFT
+# (docs/results.md, "Cost"). One pass needs a few dozen shapes (every projection,
+# forward and backward), a decode step fewer. oneDNN reads the variable when it makes
+# its first primitive; a value the user set wins.
+PRIMITIVE_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+os.environ.setdefault(PRIMITIVE_CACHE, "64")
+
 KERNELS = ("auto", "blas", "onednn")
 ENV_VAR = "PONDER_MATMUL"
 # Row counts of the lean decoder's steps that packing must win on (one row, a GRPO batch).
