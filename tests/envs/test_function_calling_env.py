@@ -146,7 +146,7 @@ def test_bfcls_checker_scores_hand_made_replies(spec, tasks_by_id):
 
 @needs_bfcl
 def test_the_choice_term_rewards_the_right_functions_whatever_their_arguments(spec, tasks_by_id):
-    def choice(task: Task, action: str) -> float:
+    def choice(task: Task, action: str) -> tuple[float | None, dict[str, float]]:
         env = FunctionCallingEnv()
         env.reset(task)
         _, _, info = env.step(action)
