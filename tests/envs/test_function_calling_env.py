@@ -106,12 +106,12 @@ def test_the_prompt_lists_the_questions_functions_and_the_call_format(tasks_by_i
     assert user == {"role": "user", "content": task.question}
 
 
-def _score(spec, task: Task, action: str) -> tuple[float, dict[str, float]]:
+def _score(spec, task: Task, action: str, *overrides: str) -> tuple[float, dict[str, float]]:
     env = FunctionCallingEnv()
     env.reset(task)
     observation, done, info = env.step(action)
     assert observation is None and done  # single turn: the first action ends the episode
-    return build_reward(fc_recipe(), spec)(Trajectory(task.id, [1], turns=[info["turn"]]), task)
+    return build_reward(fc_recipe(*overrides), spec)(Trajectory(task.id, [1], turns=[info["turn"]]), task)
 
 
 def _call(name: str, **arguments) -> str:
@@ -146,12 +146,8 @@ def test_bfcls_checker_scores_hand_made_replies(spec, tasks_by_id):
 
 @needs_bfcl
 def test_the_choice_term_rewards_the_right_functions_whatever_their_arguments(spec, tasks_by_id):
-    def choice(task: Task, action: str) -> tuple[float | None, dict[str, float]]:
-        env = FunctionCallingEnv()
-        env.reset(task)
-        _, _, info = env.step(action)
-        reward = build_reward(fc_recipe("reward.terms.choice=0.5"), spec)
-        return reward(Trajectory(task.id, [1], turns=[info["turn"]]), task)
+    def choice(task: Task, action: str) -> tuple[float, dict[str, float]]:
+        return _score(spec, task, action, "reward.terms.choice=0.5")
 
     triangle = tasks_by_id["simple_python_0"]
     assert choice(triangle, _call("calculate_triangle_area", base=10, height=5)) == (1.6, {
