@@ -5,7 +5,7 @@ fine-tune at 2x. The same as `ponder needle --device cuda --dtype bfloat16 --rop
 eval/needle.py by path so that a machine without ponder's evaluation dependencies
 (jsonschema, for the tool registry `ponder.eval` imports) can run it.
 
-OUT=DIR python examples/needle/gpu_grid.py STEPS [METHOD ...]   (from the repo root)
+OUT=DIR [LR=1e-4] python examples/needle/gpu_grid.py STEPS [METHOD ...]   (from the repo root)
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ needle = importlib.util.module_from_spec(spec)
 sys.modules["needle"] = needle
 spec.loader.exec_module(needle)
 
-out, steps = os.environ["OUT"], int(sys.argv[1])
+out, steps, lr = os.environ["OUT"], int(sys.argv[1]), float(os.environ.get("LR", "1e-4"))
 for rope in sys.argv[2:] or ["none", "yarn", "linear", "dynamic"]:
     start = time.time()
     scaling = RopeScalingConfig(type=rope, factor=1.0 if rope == "none" else 4.0)
     policy = load_policy("smollm2-135m", "bfloat16", "cuda", scaling)
-    result = needle.run_needle(policy, needle.NeedleRun("1x,2x,4x", "0,25,50,75,100", 1, 0, steps, "2x", 1e-4))
+    result = needle.run_needle(policy, needle.NeedleRun("1x,2x,4x", "0,25,50,75,100", 1, 0, steps, "2x", lr))
     result.pop("policy")
     result["seconds"] = round(time.time() - start, 1)
     with open(f"{out}/{rope}.json", "w") as handle:
