@@ -3,6 +3,7 @@ run gives exactly the metrics and weights of the same run whose learner is the d
 process (same seed, same rollout workers), and writes them into the same run layout."""
 
 import math
+import os
 import sys
 
 import pytest
@@ -45,7 +46,7 @@ def _comparable(run_dir):
 @pytest.mark.slow
 def test_the_learner_actor_trains_exactly_as_the_driver_side_learner(cluster, tmp_path):
     from ponder.train.distributed import RayRollouts
-    from ponder.train.ray_learner import RayLearner
+    from ponder.train.ray_learner import RayLearner, learner_threads
 
     config = recipe(*RUN)
     trainer = RLTrainer.from_recipe(config, tmp_path / "driver", reward=low_id_share)
@@ -56,6 +57,9 @@ def test_the_learner_actor_trains_exactly_as_the_driver_side_learner(cluster, tm
     with RayLearner(config, tmp_path / "actor", reward=low_id_share) as learner:
         assert learner.start == 0 and learner.gpus == 0  # a CPU-only cluster
         assert learner.train(lambda step, metrics: seen.append((step, metrics["reward/mean"]))) == 2
+        # Ray starts the actor at one OMP thread (its num_cpus); it computes on every core it may use.
+        threads = ray.get(learner.actor.__ray_call__.remote(lambda _: torch.get_num_threads()))
+        assert threads == learner_threads() == len(os.sched_getaffinity(0))
     driver, actor = _comparable(tmp_path / "driver"), _comparable(tmp_path / "actor")
     assert [r["step"] for r in actor] == [1, 2] == [step for step, _ in seen]
     assert actor == driver

@@ -9,7 +9,9 @@ after the current step, with a checkpoint, as a one-process run does).
 
 Placement: the actor asks Ray for one CPU, and for one GPU when the recipe's
 `model.device` is cuda, or auto on a cluster that has GPUs; Ray then runs it on a
-node with a free GPU, whichever node the driver is on.
+node with a free GPU, whichever node the driver is on. The one CPU is what Ray
+schedules by; the update computes on every core the node lets the actor use, with
+fewer threads while other processes keep cores busy (models/cpu_threads.py).
 
 Files: the learner writes checkpoints and metrics.jsonl into the run directory by
 its path, on its own node's filesystem. On one machine that is where a one-process
@@ -21,6 +23,7 @@ files stay on the learner's node. The driver hands the learner its starting weig
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -33,6 +36,11 @@ from ponder.models.adapters import load_trainable_state
 POLL_S = 0.5
 
 
+def learner_threads() -> int:
+    """The learner's torch threads: every core this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class Learner:
     """The learner (a Ray actor): an RLTrainer built from the recipe, with its rollouts
     on Ray workers. `train` runs the loop; `progress` and `request_stop` answer in
@@ -40,9 +48,17 @@ class Learner:
 
     def __init__(self, recipe: Recipe, run_dir: str, start_state: Any = None, resume: bool = False,
                  reward: Callable[..., Any] | None = None) -> None:  # fmt: skip
+        import torch
+
         from ponder.train.distributed import RayRollouts
         from ponder.train.rl import RLTrainer
 
+        # Ray starts an actor with OMP_NUM_THREADS = its num_cpus (1), which held the
+        # update to one thread while the rollout workers sat idle (a 2-core local
+        # cluster: 31-42 s an update against ~22 s in one process). Like a one-process
+        # run, the learner takes the cores it may run on; step_threads() drops to those
+        # the workers leave free when they run beside it (models/cpu_threads.py).
+        torch.set_num_threads(learner_threads())
         self.trainer = RLTrainer.from_recipe(recipe, run_dir, reward=reward)
         if start_state is not None:  # the driver's weights after an SFT warm-up
             load_trainable_state(self.trainer.policy.model, start_state)
