@@ -119,8 +119,12 @@ def step_threads() -> int:
         if not forced.isdigit() or int(forced) < 1:
             raise ValueError(f"{ENV_VAR}={forced!r}: give auto or a thread count >= 1")
         return int(forced)
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    return _DECISIONS.choose(torch.get_num_threads(), cores)
+    return _DECISIONS.choose(torch.get_num_threads(), usable_cores())
+
+
+def usable_cores() -> set[int]:
+    """The cores this process may run on."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
 
 
 def last_decision() -> int | None:

@@ -23,7 +23,6 @@ files stay on the learner's node. The driver hands the learner its starting weig
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from pathlib import Path
@@ -38,7 +37,9 @@ POLL_S = 0.5
 
 def learner_threads() -> int:
     """The learner's torch threads: every core this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from ponder.models.cpu_threads import usable_cores
+
+    return len(usable_cores())
 
 
 class Learner:
