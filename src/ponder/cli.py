@@ -566,6 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ponder.serve.cli import register as register_serve_command
 
     register_serve_command(commands)  # `serve`
+    from ponder.train.shared_warmup import register as register_warmup_command
+
+    register_warmup_command(commands)  # `warmup`
     from ponder.train.improve_cli import register as register_improve_command
 
     register_improve_command(commands)  # `improve`

@@ -159,3 +159,21 @@ def test_existing_output_is_refused_without_overwrite(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert main(["merge", str(config), "--overwrite"]) == 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".linear-full")]  # no staging left
+
+
+def test_a_trained_base_subtracts_itself_and_lora_mode_refuses_it(tmp_path, capsys):
+    # base_model a trained run (a shared warm-up): the task vectors are source − warm-up.
+    warm, source = _adapter(tmp_path, 1), _adapter(tmp_path, 2)
+    config = _config(tmp_path, "task_arithmetic", [source], scale=0.5)
+    config.write_text(config.read_text().replace("base_model: tiny", f"base_model: {warm}"))
+    assert main(["merge", str(config)]) == 0
+    out = tmp_path / "task_arithmetic-full"
+    w, s, merged = _weights(warm), _weights(source), _weights(out)
+    name = next(k for k in w if "q_proj" in k)
+    assert not torch.allclose(w[name], s[name])
+    assert torch.allclose(merged[name], w[name] + 0.5 * (s[name] - w[name]), atol=1e-5)
+    assert json.loads((out / "ponder.json").read_text())["base_model"] == "tiny"  # what it loads on
+    lora = _config(tmp_path, "ties", [source], merge_on="lora")
+    lora.write_text(lora.read_text().replace("base_model: tiny", f"base_model: {warm}"))
+    assert main(["merge", str(lora)]) == 2
+    assert "base_model" in capsys.readouterr().err and not (tmp_path / "ties-lora").exists()

@@ -4,7 +4,7 @@ The config names a method (models/merge.py), the base model, the sources with
 their weights, the method's parameters and the output directory:
 
     merge_method: ties          # linear | task_arithmetic | ties | dare_linear | dare_ties
-    base_model: smollm2-135m
+    base_model: smollm2-135m    # or a trained model (a shared warm-up): task vectors from it
     merge_on: full              # full: task vectors on full weights; lora: PEFT on the adapters
     models:
       - {model: runs/math-v3, weight: 1.0}
@@ -113,11 +113,16 @@ def run_merge(config: MergeConfig, sources: list[MergeSource], source_file: str,
             raise ValueError(f"{out}: exists and is not empty; choose another 'out' or pass --overwrite "
                              "(which replaces only a ponder model directory)")  # fmt: skip
     dirs = [_source_dir(s.model, source_file, i) for i, s in enumerate(sources)]
+    base_dir = _source_dir(config.base_model, source_file, "base_model") if Path(config.base_model).exists() else None
+    if base_dir is not None and config.merge_on == "lora":
+        raise ConfigError(f"{source_file}: key 'base_model': {config.base_model} is a trained model; its adapters "
+                          "are inside the sources' own, so only merge_on: full subtracts it")  # fmt: skip
+    base_name = read_manifest(base_dir)["base_model"] if base_dir is not None else config.base_model
     base = load_policy(config.base_model, config.dtype, "cpu")
     for i, directory in enumerate(dirs):
-        if directory is not None and read_manifest(directory)["base_model"] != config.base_model:
+        if directory is not None and read_manifest(directory)["base_model"] != base_name:
             raise ConfigError(f"{source_file}: key 'models[{i}].model': {sources[i].model} was trained on "
-                              f"{read_manifest(directory)['base_model']!r}, not base_model {config.base_model!r}")
+                              f"{read_manifest(directory)['base_model']!r}, not base_model's {base_name!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     try:
@@ -126,7 +131,7 @@ def run_merge(config: MergeConfig, sources: list[MergeSource], source_file: str,
         else:
             _merge_lora(config, sources, dirs, base, staging, source_file)
         manifest = {"format": 1, "kind": "full" if config.merge_on == "full" else "lora",
-                    "base_model": config.base_model, "stack": [],
+                    "base_model": base_name, "stack": [],
                     "merge": {**to_dict(config), "models": [to_dict(s) for s in sources]}}  # fmt: skip
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         _fsync_tree(staging)
@@ -139,16 +144,18 @@ def run_merge(config: MergeConfig, sources: list[MergeSource], source_file: str,
     return out
 
 
-def _source_dir(model: str, source_file: str, index: int) -> Path | None:
-    """The ponder weights directory of a source; None for a plain Hugging Face model."""
+def _source_dir(model: str, source_file: str, index: int | str) -> Path | None:
+    """The ponder weights directory of a source (index: its place in `models`, or the
+    key that names it); None for a plain Hugging Face model."""
+    key = f"models[{index}].model" if isinstance(index, int) else index
     path = Path(model)
     if not path.exists():
-        raise ConfigError(f"{source_file}: key 'models[{index}].model': {model} does not exist")
+        raise ConfigError(f"{source_file}: key '{key}': {model} does not exist")
     if (path / "config.json").is_file() and not (path / MANIFEST).is_file():
         return None
     found = find_trained(path)
     if found is None:
-        raise ConfigError(f"{source_file}: key 'models[{index}].model': {model} holds no trained weights "
+        raise ConfigError(f"{source_file}: key '{key}': {model} holds no trained weights "
                           f"(no {MANIFEST}, checkpoints/latest, rl/ or sft/)")  # fmt: skip
     return found
 

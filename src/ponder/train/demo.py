@@ -190,7 +190,8 @@ def copy_warm_up(weights: Path, run_dir: Path) -> Path:
 
 
 def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
-    """The SFT weights and pre-RL evaluations of a finished demo run, after checking
+    """The SFT weights and pre-RL evaluations of a finished demo run (or of a shared
+    warm-up, train/shared_warmup.py, whose evaluations run again), after checking
     that its recipe differs from `recipe` only in RL settings (RL_SECTIONS, RL_KEYS)
     and perhaps a larger env.max_turns (then its weights are reused and its
     evaluations run again). With another reward its evaluations' stored episodes
@@ -198,9 +199,9 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     run_dir = Path(run_dir)
     weights, more_turns = warm_up_weights(run_dir, recipe)
     results = run_dir / "results.json"
-    if not results.is_file():
-        raise FileNotFoundError(f"{results}: missing; --sft-from needs a finished demo run with an SFT stage")
-    if more_turns:  # episodes may now run longer: its evaluations run again
+    # A warm-up with no evaluations (`ponder warmup`'s, or `ponder train`'s run), or
+    # episodes that may now run longer: the evaluations run again.
+    if not results.is_file() or more_turns:
         return _SFTRun(run_dir, weights, {})
     saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
     stages = json.loads(results.read_text())["stages"]

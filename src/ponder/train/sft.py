@@ -133,22 +133,36 @@ def _cycled_order(n: int, length: int, seed: int) -> list[int]:
     return order[:length]
 
 
+def recipe_demonstrations(recipe: Recipe, policy: Policy) -> list[Trajectory]:
+    """The recipe's SFT demonstrations: sft.examples training tasks of sft.task_kinds,
+    replayed with sft.behaviour (and sft.oracle_fraction)."""
+    from ponder.wiring import build_env
+
+    spec = build_env(recipe, policy.tokenizer)
+    kinds = set(recipe.sft.task_kinds)
+    tasks = [t for t in spec.train if not kinds or t.kind in kinds][: recipe.sft.examples]
+    return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction)
+
+
 def warm_up(
     recipe: Recipe, policy: Policy, log_dir: Path, on_step: Callable[[int, dict[str, float]], None] | None = None
 ) -> list[dict[str, float]]:
     """The recipe's SFT stage: demonstrations of sft.task_kinds, then sft_train (logged
     in log_dir; on_step(step, metrics) after each step too); the trained weights are
     saved in log_dir (models.adapters)."""
+    demonstrations = recipe_demonstrations(recipe, policy)
+    return train_and_save(policy, demonstrations, recipe.sft, recipe.train.seed, recipe.algo.micro_batch_size,
+                          log_dir, on_step)  # fmt: skip
+
+
+def train_and_save(
+    policy: Policy, demonstrations: list[Trajectory], config: SFTConfig, seed: int, micro_batch_size: int,
+    log_dir: Path, on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:  # fmt: skip
+    """sft_train, its metrics logged in log_dir, the trained weights saved there."""
     from ponder.models.adapters import save_trained
     from ponder.train.metrics_log import MetricsLog
-    from ponder.wiring import build_env
 
-    spec = build_env(recipe, policy.tokenizer)
-    kinds = set(recipe.sft.task_kinds)
-    tasks = [t for t in spec.train if not kinds or t.kind in kinds][: recipe.sft.examples]
-    demonstrations = build_demonstrations(
-        tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction
-    )
     with MetricsLog(log_dir, tensorboard=False) as log:
 
         def logged(step: int, metrics: dict[str, float]) -> None:
@@ -156,6 +170,6 @@ def warm_up(
             if on_step is not None:
                 on_step(step, metrics)
 
-        history = sft_train(policy, demonstrations, recipe.sft, recipe.train.seed, recipe.algo.micro_batch_size, logged)
+        history = sft_train(policy, demonstrations, config, seed, micro_batch_size, logged)
     save_trained(policy, log_dir)
     return history
