@@ -68,12 +68,13 @@ def run_shared_warm_up(
         demonstrations += built
     micro = min(r.algo.micro_batch_size for r in recipes.values())
     history = train_and_save(policy, demonstrations, config, first.train.seed, micro, out / "sft", on_step)
+    joint = {key: getattr(config, key) for key in ("steps", *SHARED_SFT_KEYS)}
     for name, recipe in recipes.items():
-        as_run = replace(recipe, sft=replace(recipe.sft, **{k: getattr(config, k) for k in ("steps", *SHARED_SFT_KEYS)}))
+        as_run = replace(recipe, sft=replace(recipe.sft, **joint))
         (out / name).mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / name / "recipe.yaml", yaml.safe_dump(to_dict(as_run), sort_keys=False))
         copy_warm_up(out / "sft", out / name)
-    summary = {"recipes": where, "demonstrations": counts, "sft": to_dict(config), "micro_batch_size": micro,
+    summary = {"recipes": where, "demonstrations": counts, "sft": joint, "micro_batch_size": micro,
                "last": history[-1] if history else {}}  # fmt: skip
     write_json_atomic(out / "warmup.json", summary)
     return summary
