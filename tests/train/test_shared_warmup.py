@@ -13,7 +13,7 @@ import yaml
 from ponder.cli import main
 from ponder.config import load_recipe, to_dict
 from ponder.models.adapters import saved_weights
-from ponder.train.demo import run_demo
+from ponder.train.demo import load_sft_run, run_demo
 from ponder.train.shared_warmup import shared_sft
 
 from .test_demo import TINY as QA
@@ -61,6 +61,8 @@ def test_warmup_trains_one_adapter_that_each_recipe_starts_rl_from(tmp_path):
     rl = run_demo(load_recipe(out / "qa" / "recipe.yaml"), tmp_path / "rl", say=lambda _: None, sft_from=out / "qa")
     assert set(rl["stages"]) == {"oracle", "base", "sft", "rl"} and rl["sft_from"] == str(out / "qa")
     assert "sft" not in rl["timing_s"]  # not trained again
+    # a run from that RL run's warm-up finds the weights its --sft-from pointed to
+    assert load_sft_run(tmp_path / "rl", load_recipe(out / "qa" / "recipe.yaml")).weights == out / "qa" / "sft"
     after = saved_weights(tmp_path / "rl" / "rl" / "checkpoints" / "step-000001")
     assert set(after) == set(shared)
     for key in (k for k in shared if "lora_B" in k):  # near the warm-up's B, far from a fresh (zero) B

@@ -163,7 +163,7 @@ def warm_up_weights(run_dir: str | Path, recipe: Recipe) -> tuple[Path, bool]:
     its warm-up did, after checking that its recipe differs from `recipe` only in RL
     settings (RL_SECTIONS, RL_KEYS) and perhaps a larger env.max_turns."""
     run_dir = Path(run_dir)
-    weights = run_dir / "sft"
+    weights = _sft_weights(run_dir)
     for path in (weights / MANIFEST, run_dir / "recipe.yaml"):
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished run with an SFT stage")
@@ -175,6 +175,17 @@ def warm_up_weights(run_dir: str | Path, recipe: Recipe) -> tuple[Path, bool]:
         if ours[section] != theirs.get(section):
             raise ValueError(f"{run_dir / 'recipe.yaml'}: section '{section}' differs from this recipe; reuse needs the same warm-up")
     return weights, more_turns
+
+
+def _sft_weights(run_dir: Path) -> Path:
+    """RUN_DIR/sft, or for a demo that itself started from another run's warm-up
+    (results.json's `sft_from`, whose weights it did not copy) that run's."""
+    results = run_dir / "results.json"
+    if not (run_dir / "sft" / MANIFEST).is_file() and results.is_file():
+        source = json.loads(results.read_text()).get("sft_from")
+        if source and Path(source).resolve() != run_dir.resolve():
+            return _sft_weights(Path(source))
+    return run_dir / "sft"
 
 
 def copy_warm_up(weights: Path, run_dir: Path) -> Path:
