@@ -1,6 +1,8 @@
 """The merge table: each model's score on each task, and as a fraction of the source's.
 
 python examples/merge/table.py [/tmp/ponder-merge]   (after examples/merge/evaluate.sh)
+With the shared warm-up's evaluations (eval-warmup-TASK), a second table: the share of
+each source's change over the warm-up that each merge keeps.
 Scores: math `correct`, function calling `bfcl`, search-QA `em` (the tasks' success
 components), mean over the evaluated tasks ± standard error.
 """
@@ -63,5 +65,30 @@ def main(root: Path) -> None:
         print(f"| {method} | " + " | ".join(cells) + f" | {low} |")
 
 
+def gain_kept(root: Path) -> None:
+    """With a shared warm-up (eval-warmup-TASK): the share of each source's change over
+    the warm-up (source − warm-up, what RL did) that each merge keeps, on the same tasks."""
+    if not all((root / f"eval-warmup-{task}").is_dir() for task in TASKS):
+        return
+    print("\n| model | " + " | ".join(f"{NAMES[t]}: (merge − warm-up) / (source − warm-up)" for t in TASKS) + " |")
+    print("|" + " --- |" * (len(TASKS) + 1))
+    methods = sorted({p.name.split("-")[1] for p in root.glob("eval-*-*") if p.is_dir()} - {"source", "warmup"})
+    for method in methods:
+        cells = []
+        for task, comp in TASKS.items():
+            merged = per_task(root / f"eval-{method}-{task}", comp)
+            if merged is None:
+                cells.append("—")
+                continue
+            got, source, warm = (score(root / f"eval-{name}-{task}", comp, set(merged))
+                                 for name in (method, "source", "warmup"))  # fmt: skip
+            change = source[0] - warm[0]
+            kept = f"{(got[0] - warm[0]) / change:.2f}" if change else "no change"
+            cells.append(f"{got[0] - warm[0]:+.3f} of {change:+.3f}: {kept}")
+        print(f"| {method} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ponder-merge"))
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/ponder-merge")
+    main(root)
+    gain_kept(root)
