@@ -70,9 +70,11 @@ def gain_kept(root: Path) -> None:
     the warm-up (source − warm-up, what RL did) that each merge keeps, on the same tasks."""
     if not all((root / f"eval-warmup-{task}").is_dir() for task in TASKS):
         return
-    print("\n| model | " + " | ".join(f"{NAMES[t]}: (merge − warm-up) / (source − warm-up)" for t in TASKS) + " |")
+    columns = " | ".join(f"{NAMES[t]}: (merge − warm-up) / (source − warm-up)" for t in TASKS)
+    print(f"\n| model | {columns} |")
     print("|" + " --- |" * (len(TASKS) + 1))
-    methods = sorted({p.name.split("-")[1] for p in root.glob("eval-*-*") if p.is_dir()} - {"source", "warmup"})
+    methods = sorted({p.name.split("-")[1] for p in root.glob("eval-*-*") if p.is_dir()})
+    methods = [m for m in methods if m not in ("source", "warmup")]
     for method in methods:
         cells = []
         for task, comp in TASKS.items():

@@ -58,11 +58,12 @@ def test_warmup_trains_one_adapter_that_each_recipe_starts_rl_from(tmp_path):
         as_run = load_recipe(out / name / "recipe.yaml")
         assert (as_run.sft.steps, as_run.env.kind) == (5, "search_qa" if name == "qa" else "math")
     # RL from the shared warm-up: its evaluations run again (it has none), RL continues its adapter
-    rl = run_demo(load_recipe(out / "qa" / "recipe.yaml"), tmp_path / "rl", say=lambda _: None, sft_from=out / "qa")
+    qa = load_recipe(out / "qa" / "recipe.yaml")
+    rl = run_demo(qa, tmp_path / "rl", say=lambda _: None, sft_from=out / "qa")
     assert set(rl["stages"]) == {"oracle", "base", "sft", "rl"} and rl["sft_from"] == str(out / "qa")
     assert "sft" not in rl["timing_s"]  # not trained again
     # a run from that RL run's warm-up finds the weights its --sft-from pointed to
-    assert load_sft_run(tmp_path / "rl", load_recipe(out / "qa" / "recipe.yaml")).weights == out / "qa" / "sft"
+    assert load_sft_run(tmp_path / "rl", qa).weights == out / "qa" / "sft"
     after = saved_weights(tmp_path / "rl" / "rl" / "checkpoints" / "step-000001")
     assert set(after) == set(shared)
     for key in (k for k in shared if "lora_B" in k):  # near the warm-up's B, far from a fresh (zero) B

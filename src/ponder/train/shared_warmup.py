@@ -42,8 +42,9 @@ def shared_sft(recipes: dict[str, Recipe], where: dict[str, str]) -> SFTConfig:
                                  "a shared warm-up trains one adapter of one model")  # fmt: skip
         for key in SHARED_SFT_KEYS:
             if getattr(recipe.sft, key) != getattr(first.sft, key):
-                raise ValueError(f"{where[name]}: key 'sft.{key}' is {getattr(recipe.sft, key)}, "
-                                 f"{where[names[0]]} has {getattr(first.sft, key)}; a shared warm-up takes one")  # fmt: skip
+                mine, theirs = getattr(recipe.sft, key), getattr(first.sft, key)
+                raise ValueError(f"{where[name]}: key 'sft.{key}' is {mine}, {where[names[0]]} has {theirs}; "
+                                 "a shared warm-up takes one")  # fmt: skip
     return replace(first.sft, steps=sum(r.sft.steps for r in recipes.values()))
 
 
@@ -115,8 +116,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 def register(commands: Any) -> None:
     """Add `warmup` to ponder's subcommands."""
-    warmup = commands.add_parser("warmup", help="one SFT warm-up shared by several recipes (for RL, then merging)",
-                                 description=DESCRIPTION)  # fmt: skip
+    short = "one SFT warm-up shared by several recipes (for RL, then merging)"
+    warmup = commands.add_parser("warmup", help=short, description=DESCRIPTION)
     warmup.add_argument("--recipe", action="append", required=True, metavar="YAML",
                         help="a recipe whose demonstrations join the warm-up; give it once per recipe")
     warmup.add_argument("--out", default="runs/warmup", help="output directory (default runs/warmup)")
