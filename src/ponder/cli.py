@@ -116,10 +116,7 @@ QUICK_DEMO = [
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import yaml
-
-    from ponder.config import load_recipe, to_dict
-    from ponder.fileio import write_text_atomic
+    from ponder.config import load_recipe, save_recipe, to_dict
     from ponder.models.adapters import MANIFEST, load_adapter_weights
     from ponder.rundir import check_resume_recipe, claim_run_dir, discard_on_error, require_run_dir
     from ponder.train.progress import item_progress, training_progress
@@ -137,7 +134,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         recipe = load_recipe(run_dir / "recipe.yaml", overrides)
         saved = to_dict(load_recipe(run_dir / "recipe.yaml"))  # settings added to ponder since: defaults
         check_resume_recipe(saved, to_dict(recipe), args.allow_recipe_change)
-        write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
+        save_recipe(recipe, run_dir / "recipe.yaml")
     else:
         recipe = load_recipe(args.recipe, overrides)
     check_recipe(recipe)
@@ -155,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
     with discard_on_error(run_dir, fresh=not args.resume):
         if not args.resume:
-            write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
+            save_recipe(recipe, run_dir / "recipe.yaml")
             if args.sft_from:
                 load_adapter_weights(policy.model, copy_warm_up(warm_up_from, run_dir))
             elif recipe.sft.steps > 0:

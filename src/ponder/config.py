@@ -849,6 +849,13 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def save_recipe(recipe: Any, path: str | Path) -> None:
+    """The recipe as YAML at `path` (a run's recipe.yaml), written atomically."""
+    from ponder.fileio import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump(to_dict(recipe), sort_keys=False))
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "override") -> dict[str, Any]:
     """Apply `a.b.c=value` strings to a nested dict; values parse as YAML scalars."""
     for item in overrides:

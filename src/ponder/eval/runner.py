@@ -6,11 +6,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from ponder.config import Recipe, to_dict
+from ponder.config import Recipe, save_recipe
 from ponder.eval.metrics import summarise
-from ponder.fileio import write_json_atomic, write_text_atomic
+from ponder.fileio import write_json_atomic
 from ponder.models import Policy, load_policy
 from ponder.rewards import score_trajectories
 from ponder.rollout import GenerationBackend, RolloutEngine, RolloutStats, ScriptedBackend
@@ -103,4 +101,4 @@ def save_result(result: EvalResult, recipe: Recipe, out_dir: str | Path) -> None
     out.mkdir(parents=True, exist_ok=True)
     save_trajectories(result.trajectories, out / "trajectories.parquet")
     write_json_atomic(out / "metrics.json", result.metrics)
-    write_text_atomic(out / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
+    save_recipe(recipe, out / "recipe.yaml")

@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from ponder.config import Recipe, load_recipe, to_dict
+from ponder.config import Recipe, load_recipe, save_recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe, summarise
-from ponder.fileio import atomic_path, write_json_atomic, write_text_atomic
+from ponder.fileio import atomic_path, write_json_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.rewards import score_trajectories
 from ponder.train.plot import plot_run, plot_stages
@@ -41,7 +39,7 @@ def run_demo(
     run_dir = Path(run_dir)
     previous = load_sft_run(sft_from, recipe) if sft_from is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
+    save_recipe(recipe, run_dir / "recipe.yaml")
     started = time.perf_counter()
     policy = prepare_policy(recipe)
     eval_recipe = held_out_recipe(recipe)
@@ -180,11 +178,13 @@ def warm_up_weights(run_dir: str | Path, recipe: Recipe) -> tuple[Path, bool]:
 def _sft_weights(run_dir: Path) -> Path:
     """RUN_DIR/sft, or for a demo that itself started from another run's warm-up
     (results.json's `sft_from`, whose weights it did not copy) that run's."""
-    results = run_dir / "results.json"
-    if not (run_dir / "sft" / MANIFEST).is_file() and results.is_file():
-        source = json.loads(results.read_text()).get("sft_from")
-        if source and Path(source).resolve() != run_dir.resolve():
-            return _sft_weights(Path(source))
+    seen = set()
+    while not (run_dir / "sft" / MANIFEST).is_file() and (run_dir / "results.json").is_file():
+        seen.add(run_dir.resolve())
+        source = json.loads((run_dir / "results.json").read_text()).get("sft_from")
+        if not source or Path(source).resolve() in seen:
+            break
+        run_dir = Path(source)
     return run_dir / "sft"
 
 

@@ -22,12 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from ponder.config import Recipe, to_dict
+from ponder.config import Recipe, save_recipe
 from ponder.eval.passk import pass_at_k
 from ponder.eval.runner import evaluate, held_out_recipe
-from ponder.fileio import write_json_atomic, write_text_atomic
+from ponder.fileio import write_json_atomic
 from ponder.models import Policy
 from ponder.models.adapters import load_adapter_weights, save_trained
 from ponder.rewards import score_trajectories
@@ -193,7 +191,7 @@ def run_improve(recipe: Recipe, out: str | Path, sft_from: str | Path | None = N
     check_improve(recipe)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "recipe.yaml", yaml.safe_dump(to_dict(recipe), sort_keys=False))
+    save_recipe(recipe, out / "recipe.yaml")
     policy = prepare_policy(recipe)
     if sft_from is not None:
         weights = Path(sft_from) / "sft" if (Path(sft_from) / "sft").is_dir() else Path(sft_from)

@@ -17,10 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
-from ponder.config import Recipe, SFTConfig, load_recipe, to_dict
-from ponder.fileio import write_json_atomic, write_text_atomic
+from ponder.config import Recipe, SFTConfig, load_recipe, save_recipe, to_dict
+from ponder.fileio import write_json_atomic
 
 # What every recipe of a shared warm-up must agree on: one model, one adapter shape,
 # one optimisation (the steps are the sum of the recipes' own).
@@ -73,7 +71,7 @@ def run_shared_warm_up(
     for name, recipe in recipes.items():
         as_run = replace(recipe, sft=replace(recipe.sft, **joint))
         (out / name).mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out / name / "recipe.yaml", yaml.safe_dump(to_dict(as_run), sort_keys=False))
+        save_recipe(as_run, out / name / "recipe.yaml")
         copy_warm_up(out / "sft", out / name)
     summary = {"recipes": where, "demonstrations": counts, "sft": joint, "micro_batch_size": micro,
                "last": history[-1] if history else {}}  # fmt: skip
