@@ -169,7 +169,10 @@ def test_the_choice_term_rewards_the_right_functions_whatever_their_arguments(sp
 
 
 @needs_bfcl
-def test_the_reference_solver_scores_1_on_every_category(spec):
+@pytest.mark.parametrize("plan", [False, True])
+def test_the_reference_solver_scores_1_on_every_category(spec, plan):
+    if plan:
+        spec = build_env(fc_recipe(plan=True), tiny_tokenizer())
     per_category = 8
     tasks = [t for kind in CATEGORIES for t in [t for t in spec.eval if t.kind == kind][:per_category]]
     tokenizer = tiny_tokenizer()
@@ -190,6 +193,20 @@ def test_the_reference_solver_writes_the_first_possible_answer(tasks_by_id):
     assert tasks_by_id["parallel_0"].oracle_actions == [_call("spotify.play", artist="Taylor Swift", duration=20)
                                                         + "\n" + _call("spotify.play", artist="Maroon 5", duration=15)]
     assert tasks_by_id["irrelevance_0"].oracle_actions == [REFUSAL]
+
+
+@needs_bfcl
+def test_a_planned_reply_names_the_functions_that_fit_first():
+    planned_spec, plain_spec = build_env(fc_recipe(plan=True), tiny_tokenizer()), build_env(fc_recipe(), tiny_tokenizer())
+    planned = {t.id: t for t in planned_spec.train + planned_spec.eval}
+    plain = {t.id: t for t in plain_spec.train + plain_spec.eval}
+    assert set(planned) == set(plain)
+    assert planned["parallel_0"].oracle_actions == ["<think>Fits: spotify.play.</think>\n"
+                                                    + plain["parallel_0"].oracle_actions[0]]
+    assert planned["irrelevance_0"].oracle_actions == ["<think>Fits: none.</think>\n" + REFUSAL]
+    multiple = next(t for t in planned.values() if t.kind == "multiple")
+    name = next(iter(multiple.metadata["ground_truth"][0]))
+    assert multiple.oracle_actions[0].startswith(f"<think>Fits: {name}.</think>\n<tool_call>")
 
 
 @needs_bfcl

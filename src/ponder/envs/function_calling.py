@@ -22,6 +22,11 @@ Options (env.options):
       e.g. to give irrelevance its BFCL share of a warm-up.
   max_description_chars: cut function and argument descriptions to this many
       characters in the prompt (0 = whole); they are most of a prompt's length.
+  plan: open the reference solver's reply (the warm-up's demonstrations) with a thought
+      naming the functions that fit, or none: `<think>Fits: get_area.</think>` then
+      the calls, `<think>Fits: none.</think>` then the refusal (default false). The
+      call-or-decline choice then sits at one place in the reply, as the lookup count
+      does in search-QA's plan (`env.taskgen.plan`).
   venv: bfcl-eval's virtual environment (default .venv-bfcl).
 """
 
@@ -60,6 +65,7 @@ class FunctionCallingOptions:
     n_train: int | dict[str, int] = 0
     n_eval: int | dict[str, int] = 0
     max_description_chars: int = 0
+    plan: bool = False
     venv: str = ".venv-bfcl"
 
     @classmethod
@@ -108,12 +114,20 @@ def render_call(name: str, arguments: dict[str, Any]) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
 
 
-def question_task(question: Any) -> Task:
-    """A Task from a BfclQuestion; the reference solver's action is its first possible answer."""
+def plan_line(names: list[str]) -> str:
+    """The thought that opens a planned reply: the functions that fit, or none."""
+    return f"<think>Fits: {', '.join(names) or 'none'}.</think>\n"
+
+
+def question_task(question: Any, plan: bool = False) -> Task:
+    """A Task from a BfclQuestion; the reference solver's action is its first possible
+    answer, opened by `plan_line` when `plan`."""
     from ponder.eval.bfcl.adapter import reference_calls
 
     calls = reference_calls(question)
     action = "\n".join(render_call(name, arguments) for name, arguments in calls) if calls else REFUSAL
+    if plan:
+        action = plan_line(list(dict.fromkeys(name for name, _ in calls))) + action
     metadata = {"category": question.category, "messages": question.messages, "functions": question.functions,
                 "ground_truth": question.ground_truth}  # fmt: skip
     return Task(question.id, question.query, [action], kind=question.category, needs_search=False,
@@ -138,8 +152,8 @@ def load_function_calling_tasks(options: FunctionCallingOptions) -> tuple[list[T
         questions = load_questions(data_dir, category)
         test = [q for q in questions if is_test_question(q.id, options.test_fraction, options.seed)]
         rest = [q for q in questions if not is_test_question(q.id, options.test_fraction, options.seed)]
-        train.append([question_task(q) for q in rest[: options.cap("n_train", category)]])
-        held_out.append([question_task(q) for q in test[: options.cap("n_eval", category)]])
+        train.append([question_task(q, options.plan) for q in rest[: options.cap("n_train", category)]])
+        held_out.append([question_task(q, options.plan) for q in test[: options.cap("n_eval", category)]])
     return interleave(train), interleave(held_out)
 
 
