@@ -111,13 +111,17 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
     denominator = aggregation_denominator(algo.aggregation, mini.loss_mask, inputs.loss)
     inputs.policy.model.train()
     stats: dict[str, float] = defaultdict(float)
-    tokens = float(mini.loss_mask.sum())
     # Micro-batches of similar lengths pad less; the accumulated gradient is the same.
     # (Keeping a GRPO group together instead, so its whole prompt is read once, padded
     # 26 % more on multi-turn search-QA and made the update 35 % slower; the prefix all
     # rows share, the system prompt, is read once per micro-batch either way.)
     lengths = mini.attention_mask.sum(-1).tolist()
-    rows = sorted(range(len(mini)), key=lambda i: lengths[i])
+    moving = carries_gradient(inputs, mini)
+    rows = sorted((i for i in range(len(mini)) if moving[i]), key=lambda i: lengths[i])
+    tokens = float(mini.loss_mask[rows].sum())
+    if not rows:  # every row idle: the optimizer steps on a zero gradient, as if they had run
+        for param in inputs.params:
+            param.grad = torch.zeros_like(param)
     for start in range(0, len(rows), algo.micro_batch_size):
         part = mini.select(rows[start : start + algo.micro_batch_size]).to(inputs.policy.device)
         with torch_threads(step_threads()):  # fewer while other processes hold the cores
@@ -131,7 +135,22 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
             stats[key] += value * weight
     grad_norm, _ = optimizer_step(inputs.params, inputs.optimizer, inputs.scheduler, inputs.max_grad_norm)
     stats["optim/grad_norm"] = grad_norm
+    stats["update/idle_rows"] = float(len(mini) - len(rows))
     return dict(stats)
+
+
+def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
+    """Which rows of the mini-batch the loss can move. Every policy loss is proportional
+    to the advantage, so a row whose advantages are zero on all its loss tokens (a GRPO
+    group whose rewards are all equal) adds an exact zero to the gradient unless a KL,
+    entropy or value term reads it: its forward and backward are skipped, and the update
+    is the same (the aggregation's denominator still counts its tokens; up to the float
+    rounding of the kernels, ~1e-8, tests/train/test_idle_rows.py)."""
+    algo = inputs.algo
+    kl_in_loss = mini.ref_logprobs is not None and inputs.kl_coef != 0 and not algo.kl_in_reward
+    if inputs.value_head is not None or algo.entropy_coef != 0 or kl_in_loss:
+        return [True] * len(mini)
+    return ((mini.advantages != 0) & mini.loss_mask.bool()).any(dim=-1).tolist()
 
 
 def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
