@@ -37,6 +37,7 @@ def test_skipping_idle_rows_leaves_the_update_as_it_was(monkeypatch, idle):
     assert stats["update/idle_rows"] == len(idle) and every_stats["update/idle_rows"] == 0
     assert all(torch.allclose(a, b, rtol=0, atol=1e-7) for a, b in zip(skipped, every, strict=True))
     assert stats["optim/grad_norm"] == pytest.approx(every_stats["optim/grad_norm"], rel=1e-6)
+    assert stats["loss/policy"] == pytest.approx(every_stats["loss/policy"], abs=1e-7)
     moved, _ = _updated([], True, monkeypatch)
     gap = max(float((a - b).abs().max()) for a, b in zip(skipped, moved, strict=True))
     assert gap > 1e-5  # the idle rows were real rows: with advantages they move the weights
