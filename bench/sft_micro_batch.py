@@ -39,18 +39,21 @@ def step_seconds(policy, rows: list, micro: int) -> float:
     tick = time.perf_counter()
     for start in range(0, len(order), micro):
         part = batch.select(order[start : start + micro])
-        logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
-        (-(logprobs * part.loss_mask).sum() / tokens).backward()
+        mask = part.loss_mask
+        logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=mask)
+        (-(logprobs * mask).sum() / tokens).backward()
     seconds = time.perf_counter() - tick
     policy.model.zero_grad(set_to_none=True)
     return seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="recipes/demo.yaml")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--rows", type=int, default=8, help="demonstrations per step (the demo's sft.batch_size)")
+    parser.add_argument("--rows", type=int, default=8,
+                        help="demonstrations per step (the demo's sft.batch_size)")
     args = parser.parse_args()
     recipe = load_recipe(args.recipe, [])
     policy = prepare_policy(recipe)

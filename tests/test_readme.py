@@ -59,7 +59,8 @@ COMMANDS: dict[str, list[str] | tuple[str, str]] = {
     "ponder merge examples/merge/ties.yaml": (
         SKIP, "merges trained runs: tests/models/test_merge.py merges tiny-model adapters and full weights"),
     "ponder warmup --recipe recipes/math.yaml --recipe recipes/demo.yaml --out runs/shared": (
-        SKIP, "SFT on two recipes' full demonstrations: tests/train/test_shared_warmup.py runs it on tiny recipes"),
+        SKIP, "SFT on two recipes' full demonstrations: tests/train/test_shared_warmup.py runs it "
+              "on tiny recipes"),
     "ponder mcp-serve --tools calculator,python": (
         SKIP, "serves until stopped: tests/tools/mcp/test_mcp.py runs it over stdio and HTTP"),
     "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo-ray --ray": (

@@ -40,6 +40,11 @@ def spec():
 
 
 @pytest.fixture(scope="module")
+def planned_spec():
+    return build_env(fc_recipe(plan=True), tiny_tokenizer())
+
+
+@pytest.fixture(scope="module")
 def tasks_by_id(spec):
     return {task.id: task for task in spec.train + spec.eval}
 
@@ -170,9 +175,8 @@ def test_the_choice_term_rewards_the_right_functions_whatever_their_arguments(sp
 
 @needs_bfcl
 @pytest.mark.parametrize("plan", [False, True])
-def test_the_reference_solver_scores_1_on_every_category(spec, plan):
-    if plan:
-        spec = build_env(fc_recipe(plan=True), tiny_tokenizer())
+def test_the_reference_solver_scores_1_on_every_category(request, plan):
+    spec = request.getfixturevalue("planned_spec" if plan else "spec")
     per_category = 8
     tasks = [t for kind in CATEGORIES for t in [t for t in spec.eval if t.kind == kind][:per_category]]
     tokenizer = tiny_tokenizer()
@@ -196,10 +200,9 @@ def test_the_reference_solver_writes_the_first_possible_answer(tasks_by_id):
 
 
 @needs_bfcl
-def test_a_planned_reply_names_the_functions_that_fit_first():
-    planned_spec, plain_spec = build_env(fc_recipe(plan=True), tiny_tokenizer()), build_env(fc_recipe(), tiny_tokenizer())
+def test_a_planned_reply_names_the_functions_that_fit_first(planned_spec, tasks_by_id):
     planned = {t.id: t for t in planned_spec.train + planned_spec.eval}
-    plain = {t.id: t for t in plain_spec.train + plain_spec.eval}
+    plain = tasks_by_id
     assert set(planned) == set(plain)
     assert planned["parallel_0"].oracle_actions == ["<think>Fits: spotify.play.</think>\n"
                                                     + plain["parallel_0"].oracle_actions[0]]

@@ -1,6 +1,7 @@
 """The RL update skips rows whose advantages are all zero (a GRPO group whose rewards
 are all equal): the weights after the update are those of the update that runs every
-row (up to the kernels' float rounding, ~1e-8), and rows a KL, entropy or value term reads are never skipped."""
+row (up to the kernels' float rounding, ~1e-8), and rows an entropy term reads are
+never skipped."""
 
 import pytest
 import torch
@@ -21,7 +22,8 @@ def _updated(idle: list[int], skip: bool, monkeypatch, *overrides: str) -> tuple
                                     reward=lambda t, task: (1.0, {}))  # fmt: skip
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(3))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
-    advantages = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * batch.loss_mask
+    noise = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1))
+    advantages = noise * batch.loss_mask
     advantages[idle] = 0.0
     if not skip:
         monkeypatch.setattr(update, "carries_gradient", lambda inputs, mini: [True] * len(mini))

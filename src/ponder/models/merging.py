@@ -116,8 +116,9 @@ def run_merge(config: MergeConfig, sources: list[MergeSource], source_file: str,
     trained_base = Path(config.base_model).exists()
     base_dir = _source_dir(config.base_model, source_file, "base_model") if trained_base else None
     if base_dir is not None and config.merge_on == "lora":
-        raise ConfigError(f"{source_file}: key 'base_model': {config.base_model} is a trained model; its "
-                          "adapters are inside the sources' own, so only merge_on: full subtracts it")  # fmt: skip
+        raise ConfigError(f"{source_file}: key 'base_model': {config.base_model} is a trained model; "
+                          "its adapters are inside the sources' own, so only merge_on: full "
+                          "subtracts it")
     base_name = read_manifest(base_dir)["base_model"] if base_dir is not None else config.base_model
     base = load_policy(config.base_model, config.dtype, "cpu")
     for i, directory in enumerate(dirs):

@@ -136,7 +136,8 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
     grad_norm, _ = optimizer_step(inputs.params, inputs.optimizer, inputs.scheduler, inputs.max_grad_norm)
     stats["optim/grad_norm"] = grad_norm
     # The loss over the whole mini-batch (idle rows' is exactly 0); policy/* over the rows run.
-    stats["loss/policy"] = stats["loss/policy"] * tokens / max(float(mini.loss_mask.sum()), 1.0)
+    all_tokens = float(mini.loss_mask.sum())
+    stats["loss/policy"] = stats["loss/policy"] * tokens / max(all_tokens, 1.0)
     stats["update/idle_rows"] = float(len(mini) - len(rows))
     return dict(stats)
 
