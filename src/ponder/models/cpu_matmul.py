@@ -70,6 +70,34 @@ def onednn_usable(*tensors: torch.Tensor) -> bool:
     )
 
 
+def bf16_packable(weight: torch.Tensor) -> bool:
+    """A bf16 CPU weight oneDNN can pack: its bf16 kernels are the ones to use (plain
+    `F.linear` in bf16 measured 1.5x slower than the packed weight on the vocabulary head)."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AVX-512 BF16 or AMX), which
+    oneDNN's bf16 kernels need to beat fp32 (without them it emulates bf16)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return has_bf16_instructions(flags)
+
+
+def has_bf16_instructions(flags: list[str]) -> bool:
+    """From /proc/cpuinfo's flags: AVX-512 BF16 or AMX's bf16 tiles."""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]ᵀ (+ bias [out]) -> [..., out], by the faster library."""
     if onednn_usable(x, weight) and _prefer_onednn(x.numel() // max(x.shape[-1], 1)):

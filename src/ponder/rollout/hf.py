@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ponder.config import SamplingConfig
+from ponder.models import cpu_matmul
 from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.loading import Policy
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
@@ -45,6 +46,7 @@ from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
 # any tag-like stop string while keeping the per-step decode cheap.
 _STOP_WINDOW_TOKENS = 16
 DECODERS = ("auto", "transformers", "static")
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
@@ -62,6 +64,10 @@ class HFBackend:
         if sampling.decoder not in DECODERS:
             raise ValueError(f"rollout.sampling.decoder: unknown '{sampling.decoder}'; valid: {', '.join(DECODERS)}")
         self.policy = policy
+        self.dtype = sampling_dtype(sampling.dtype, policy)
+        # The trainer recomputes (or takes from its forward) the old log-probs when ours
+        # come from other kernels than its own (rl.py, train/update.py).
+        self.logprobs_match_trainer = self.dtype == _weights_dtype(policy)
         self.tokenizer = policy.tokenizer
         self.sampling = sampling
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
@@ -89,8 +95,8 @@ class HFBackend:
         base weights): ponder's lean decoder for Llama-family models on the CPU
         (`rollout.llama_decode`), else a merged copy of the transformers model."""
         if self._sampler is None:
-            lean = lean_decoder(self.policy.model) if self.sampling.decoder != "transformers" else None
-            self._sampler = lean if lean is not None else _merged_copy(self.policy.model)
+            lean = lean_decoder(self.policy.model, self.dtype) if self.sampling.decoder != "transformers" else None
+            self._sampler = lean if lean is not None else _merged_copy(self.policy.model).to(self.dtype)
         return self._sampler
 
     def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
@@ -307,6 +313,22 @@ def _merged_copy(model: Any) -> Any:
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     return model.eval()
+
+
+def sampling_dtype(name: str, policy: Policy) -> torch.dtype:
+    """`rollout.sampling.dtype` as a torch dtype: `auto` is bfloat16 for a float32 model
+    on a CPU with bf16 instructions (cpu_matmul.native_bf16), else the model's own."""
+    if name not in DTYPES:
+        raise ValueError(f"rollout.sampling.dtype: unknown '{name}'; valid: {', '.join(DTYPES)}")
+    weights = _weights_dtype(policy)
+    if name != "auto":
+        return getattr(torch, name)
+    on_bf16_cpu = policy.device.type == "cpu" and weights == torch.float32 and cpu_matmul.native_bf16()
+    return torch.bfloat16 if on_bf16_cpu else weights
+
+
+def _weights_dtype(policy: Policy) -> torch.dtype:
+    return policy.model.get_input_embeddings().weight.dtype
 
 
 def shared_prefix_length(contexts: list[list[int]]) -> int:

@@ -53,15 +53,16 @@ class _Layer:
     down: _Linear
 
 
-def lean_decoder(model: Any) -> LlamaDecoder | None:
-    """A LlamaDecoder holding the model's current weights (LoRA merged), or None when
-    the model is not one it covers. Call again after the weights change."""
+def lean_decoder(model: Any, matmul_dtype: torch.dtype | None = None) -> LlamaDecoder | None:
+    """A LlamaDecoder holding the model's current weights (LoRA merged), its matrix
+    products in `matmul_dtype` (default: the model's dtype), or None when the model is
+    not one it covers. Call again after the weights change."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
     if not _covered(config) or base.device.type not in ("cpu", "cuda"):
         return None
     with torch.no_grad():
-        return LlamaDecoder(base, config)
+        return LlamaDecoder(base, config, matmul_dtype)
 
 
 def _covered(config: Any) -> bool:
@@ -78,10 +79,18 @@ def _covered(config: Any) -> bool:
 class LlamaDecoder:
     """Callable like a transformers causal LM on the arguments the `hf` backend
     passes: input_ids [B, T], attention_mask [B, S] over the cache's S slots after
-    this call, position_ids [B, T], past_key_values (a SlabCache), logits_to_keep."""
+    this call, position_ids [B, T], past_key_values (a SlabCache), logits_to_keep.
 
-    def __init__(self, model: Any, config: Any) -> None:
+    `matmul_dtype` bfloat16 on a float32 model (a CPU with bf16 instructions: AVX-512
+    BF16, AMX) stores the matrices in bf16 and rounds each product's input and output
+    to it; norms, rotary, attention and the cache stay float32 (the CPU's bf16
+    attention kernel measured 2.5x slower than its fp32 one at decode shapes). The
+    matrix products run 1.6-2x faster (bench/decode_dtype.py, docs/benchmarks.md);
+    the sampler's log-probs then differ from the trainer's (`rollout.sampling.dtype`)."""
+
+    def __init__(self, model: Any, config: Any, matmul_dtype: torch.dtype | None = None) -> None:
         self.config = config
+        self.matmul_dtype = matmul_dtype
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -91,8 +100,13 @@ class LlamaDecoder:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=self.embed.device) / self.head_dim
         self.inv_freq = 1.0 / theta**exponents
         self.final_norm = model.model.norm.weight.detach()
-        self.head = _Linear(effective_weight(model.lm_head), None)
+        self.head = self._linear(effective_weight(model.lm_head), None)
         self.layers = [self._layer(block) for block in model.model.layers]
+
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> _Linear:
+        if self.matmul_dtype is None or self.matmul_dtype == weight.dtype:
+            return _Linear(weight, bias)
+        return _Linear(weight.to(self.matmul_dtype), None if bias is None else bias.to(self.matmul_dtype))
 
     def _layer(self, block: Any) -> _Layer:
         attn, mlp = block.self_attn, block.mlp
@@ -101,11 +115,11 @@ class LlamaDecoder:
         qkv_bias = torch.cat([_bias_or_zeros(p) for p in projections]) if has_bias else None
         return _Layer(
             input_norm=block.input_layernorm.weight.detach(),
-            qkv=_Linear(torch.cat([effective_weight(p) for p in projections]), qkv_bias),
-            o=_Linear(effective_weight(attn.o_proj), _bias(attn.o_proj)),
+            qkv=self._linear(torch.cat([effective_weight(p) for p in projections]), qkv_bias),
+            o=self._linear(effective_weight(attn.o_proj), _bias(attn.o_proj)),
             post_norm=block.post_attention_layernorm.weight.detach(),
-            gate_up=_Linear(torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)]), None),
-            down=_Linear(effective_weight(mlp.down_proj), None),
+            gate_up=self._linear(torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)]), None),
+            down=self._linear(effective_weight(mlp.down_proj), None),
         )
 
     @torch.no_grad()
@@ -209,12 +223,18 @@ class _Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.bias = bias
+        self.dtype = weight.dtype  # the input is rounded to it, the output returned in the input's
+        if cpu_matmul.bf16_packable(weight):  # bf16 on the CPU: oneDNN's bf16 kernels, always packed
+            self.packed, self.weight = True, cpu_matmul.pack(weight)
+            return
         can_pack = cpu_matmul.onednn_usable(weight) and cpu_matmul.kernel_choice() != "blas"
         packed = cpu_matmul.pack(weight) if can_pack else None
         self.packed = packed is not None and cpu_matmul.packing_wins(weight, packed)
         self.weight = packed if self.packed else weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:
+            return self(x.to(self.dtype)).to(x.dtype)
         if self.packed:
             return cpu_matmul.onednn_linear(x, self.weight, self.bias)
         return cpu_matmul.linear(x, self.weight, self.bias)

@@ -23,7 +23,11 @@ class TokenBatch:
     rewards: [B] (NaN = unscorable). turn_rewards, turn_mask: [B, K] per-turn rewards.
     ref_logprobs, old_values, advantages, returns: [B, L-1], filled by the trainer.
     sampler_logprobs: [B, L-1], the generation backend's log-probs when the trainer
-    recomputed old_logprobs itself (a sampler with other kernels: vLLM), else None.
+    recomputed old_logprobs itself (a sampler with other kernels: vLLM, a bf16
+    decoder), else None.
+    old_from_forward: the update is one pass over the batch at the sampling weights, so
+    the trainer's old log-probs are its own forward's, detached (train/update.py), and
+    old_logprobs holds the sampler's until then.
     """
 
     input_ids: torch.Tensor
@@ -40,6 +44,7 @@ class TokenBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
+    old_from_forward: bool = False
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -59,7 +64,8 @@ class TokenBatch:
         picked = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or f.name == "group_ids":
+            if not isinstance(value, torch.Tensor):  # None, group_ids (below), a flag
+                picked[f.name] = value
                 continue
             value = value[index]
             if f.name in ("input_ids", "attention_mask"):
@@ -67,7 +73,8 @@ class TokenBatch:
             elif value.dim() == 2 and f.name not in ("turn_rewards", "turn_mask"):
                 value = value[:, : length - 1]
             picked[f.name] = value
-        return TokenBatch(group_ids=[self.group_ids[i] for i in indices], **picked)
+        picked["group_ids"] = [self.group_ids[i] for i in indices]
+        return TokenBatch(**picked)
 
 
 def turn_rewards(trajectory: Trajectory) -> list[float]:

@@ -57,7 +57,14 @@ from ponder.train.sampler import build_sampler
 from ponder.train.tracking import check_trackers
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.optim import NonFiniteError
-from ponder.train.update import TrainingError, UpdateInputs, forward_pass_no_grad, optimise, recompute_old_logprobs
+from ponder.train.update import (
+    TrainingError,
+    UpdateInputs,
+    forward_pass_no_grad,
+    optimise,
+    recompute_old_logprobs,
+    take_old_logprobs_from_forward,
+)
 from ponder.train.validation import BEST_DIR, BestSoFar, split_validation, validate
 from ponder.types import Task, Trajectory
 
@@ -288,8 +295,11 @@ class RLTrainer:
         batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
         tick = time.perf_counter()
         micro = algo.logprob_micro_batch_size or algo.micro_batch_size
-        if not getattr(self.backend, "logprobs_match_trainer", True):  # vLLM: its kernels are not the trainer's
-            sampled.update(recompute_old_logprobs(self.policy, batch, micro, sampling.temperature))
+        if not getattr(self.backend, "logprobs_match_trainer", True):  # vLLM, bf16: not the trainer's kernels
+            if self._one_pass_on_policy(len(batch)):
+                take_old_logprobs_from_forward(batch)
+            else:
+                sampled.update(recompute_old_logprobs(self.policy, batch, micro, sampling.temperature))
         if algo.kl_coef > 0:
             with self._reference_policy():
                 batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature)
@@ -335,6 +345,13 @@ class RLTrainer:
             }
         )
         return metrics
+
+    def _one_pass_on_policy(self, rows: int) -> bool:
+        """The update is one pass over these rows at the weights that sampled them and
+        nothing reads the old log-probs before it (train/update.py take_old_logprobs_from_forward)."""
+        algo = self.recipe.algo
+        one_pass = algo.epochs == 1 and (algo.mini_batch_size == 0 or algo.mini_batch_size >= rows)
+        return one_pass and not self.recipe.train.async_rollouts and not algo.kl_in_reward
 
     def _prefetching(self) -> bool:
         cfg = self.recipe.train

@@ -78,13 +78,24 @@ def forward_pass_no_grad(
 
 
 def recompute_old_logprobs(policy: Policy, batch: TokenBatch, micro_batch_size: int, temperature: float) -> dict[str, float]:
-    """For a sampler whose kernels are not the trainer's (vLLM): its log-probs move to
-    batch.sampler_logprobs, old_logprobs become the trainer's own (the PPO ratio's
-    denominator; the TIS weight corrects for the gap); returns the gap as metrics."""
+    """For a sampler whose kernels are not the trainer's (vLLM, a bf16 decoder): its
+    log-probs move to batch.sampler_logprobs, old_logprobs become the trainer's own
+    (the PPO ratio's denominator; the TIS weight corrects for the gap); returns the gap
+    as metrics. An update of one pass at the sampling weights needs no extra forward:
+    see `take_old_logprobs_from_forward`."""
     batch.sampler_logprobs = batch.old_logprobs
     batch.old_logprobs = forward_pass_no_grad(policy, batch, micro_batch_size, temperature)
     mismatch = sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
     return {f"rollout/{name}": value for name, value in mismatch.items()}
+
+
+def take_old_logprobs_from_forward(batch: TokenBatch) -> None:
+    """The update will be one pass over the batch at the weights that sampled it (one
+    epoch, one mini-batch, rollouts on-policy), so its own forward, detached, is the
+    trainer's old log-probs: the PPO ratio is 1 and the TIS weight compares that forward
+    with the sampler's log-probs, without the extra forward `recompute_old_logprobs`
+    runs. The gap is logged by the update (rollout/logprob_mismatch, rollout/sampler_kl)."""
+    batch.sampler_logprobs, batch.old_from_forward = batch.old_logprobs, True
 
 
 def optimise(inputs: UpdateInputs, batch: TokenBatch, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
@@ -163,13 +174,16 @@ def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float
         inputs.policy.model, part.input_ids, part.attention_mask, inputs.temperature, inputs.value_head, mask,
         with_entropy=True, entropy_grad=algo.entropy_coef > 0,
     )  # fmt: skip
-    per_token, metrics = policy_loss(algo.loss, logprobs, part.old_logprobs, part.advantages, mask, loss_cfg)
+    old = logprobs.detach() if part.old_from_forward else part.old_logprobs
+    per_token, metrics = policy_loss(algo.loss, logprobs, old, part.advantages, mask, loss_cfg)
     if part.sampler_logprobs is not None and algo.tis_cap is not None:
-        weights = tis_weights(part.old_logprobs, part.sampler_logprobs, mask, algo.tis_cap)
+        weights = tis_weights(old, part.sampler_logprobs, mask, algo.tis_cap)
         per_token = per_token * weights
         metrics["tis_weight"] = float(masked_mean(weights, mask))
     loss = aggregate(algo.aggregation, per_token, mask, loss_cfg, denominator)
     stats = {f"policy/{k}": float(v) for k, v in metrics.items()}
+    if part.old_from_forward:  # the sampler's gap to the trainer, over the rows run
+        stats.update({f"rollout/{k}": v for k, v in sampler_mismatch(old, part.sampler_logprobs, mask).items()})
     stats["loss/policy"] = float(masked_mean(per_token.detach(), mask))
     if part.ref_logprobs is not None:
         token_kl = kl_estimate(logprobs, part.ref_logprobs, algo.kl_estimator)
