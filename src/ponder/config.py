@@ -367,6 +367,11 @@ class LoraConfig:
     target_modules: "all-linear" or a list of module names (e.g. [q_proj, v_proj]).
     last_n_layers: adapt only the top N transformer layers (0 = all). Backward then
         stops at layer L-N, which makes a CPU update step several times cheaper.
+    base_matmul_dtype: the precision of the frozen base's matrix products in training
+        (SFT, DPO, the RL update): `float32`, `bfloat16` (a bf16 copy of each frozen
+        weight, inputs rounded to bf16, outputs, LoRA and the loss in fp32), or `auto`:
+        bfloat16 for a float32 model on a CPU with bf16 instructions (AVX-512 BF16 or
+        AMX), else the model's (models/lora_fused.py).
     """
 
     enabled: bool = True
@@ -375,6 +380,7 @@ class LoraConfig:
     dropout: float = 0.0
     target_modules: str | list = "all-linear"
     last_n_layers: int = 0
+    base_matmul_dtype: str = "float32"
 
 
 @dataclass

@@ -99,3 +99,37 @@ def test_lora_linear_function_scale_invariance():
     assert torch.allclose(results[0][0], results[1][0], atol=1e-5)
     assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
     assert torch.allclose(results[1][2], 4.0 * results[0][2], rtol=1e-5)
+
+
+def test_bf16_base_products_round_only_the_frozen_matmuls():
+    """lora.base_matmul_dtype=bfloat16: the frozen product is x and W rounded to bf16
+    (a hand-checkable case: values bf16 cannot hold), the LoRA term stays fp32; on
+    the tiny model the gradients stay within a few % of the fp32 ones; the bf16 copy
+    follows a write to the weight."""
+    x = torch.tensor([[1.0 + 2**-10, 3.0]])  # 1 + 2^-10 rounds to 1.0 in bf16 (8 bits of mantissa)
+    weight = torch.tensor([[1.0, 1.0 + 2**-9]])  # rounds to 1.0 too
+    a, b = torch.tensor([[1.0 + 2**-10, 0.0]]), torch.tensor([[1.0]])
+    y = LoraLinearFunction.apply(x, weight.bfloat16(), None, a, b, 1.0)
+    assert y.dtype == torch.float32
+    # frozen: 1 * 1 + 3 * 1 = 4 (fp32 would give 4 + 2^-10 + 3 * 2^-9); LoRA: (1 + 2^-10)^2 exactly
+    assert float(y) == 4.0 + (1.0 + 2**-10) ** 2
+    policies = [apply_lora(tiny_policy(seed=0), LoraConfig(base_matmul_dtype=d)) for d in ("float32", "bfloat16")]
+    for policy in policies:  # the same non-zero adapters on both
+        generator = torch.Generator().manual_seed(1)
+        for name, param in policy.model.named_parameters():
+            if "lora_" in name:
+                param.data.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    input_ids = torch.randint(5, 400, (3, 11), generator=torch.Generator().manual_seed(0))
+    (exact_logits, exact), (bf16_logits, rounded) = (_loss_and_grads(p.model, input_ids) for p in policies)
+    assert 0 < float((bf16_logits - exact_logits).abs().max()) < 0.05 * float(exact_logits.abs().max())
+    for name, grad in exact.items():
+        assert float((rounded[name] - grad).norm() / grad.norm()) < 0.1, name
+    head = policies[1].model.get_output_embeddings()
+    copy = head._copy
+    assert copy.dtype == torch.bfloat16 and torch.equal(copy, head.weight.detach().bfloat16())
+    with torch.no_grad():
+        head.weight.mul_(2.0)  # a write (a merge, a load) makes the next product use a fresh copy
+    _loss_and_grads(policies[1].model, input_ids)
+    assert torch.equal(head._copy, head.weight.detach().bfloat16())
+    with pytest.raises(ValueError, match="lora.base_matmul_dtype: unknown 'half'"):
+        apply_lora(tiny_policy(seed=0), LoraConfig(base_matmul_dtype="half"))

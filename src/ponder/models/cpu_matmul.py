@@ -98,6 +98,20 @@ def has_bf16_instructions(flags: list[str]) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+MATMUL_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def matmul_dtype(name: str, setting: str, weights: torch.dtype, device: torch.device) -> torch.dtype:
+    """A recipe's precision for matrix products (`setting` names it in errors): `auto`
+    is bfloat16 for float32 weights on a CPU with bf16 instructions, else the weights'."""
+    if name not in MATMUL_DTYPES:
+        raise ValueError(f"{setting}: unknown '{name}'; valid: {', '.join(MATMUL_DTYPES)}")
+    if name != "auto":
+        return getattr(torch, name)
+    on_bf16_cpu = device.type == "cpu" and weights == torch.float32 and native_bf16()
+    return torch.bfloat16 if on_bf16_cpu else weights
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]ᵀ (+ bias [out]) -> [..., out], by the faster library."""
     if onednn_usable(x, weight) and _prefer_onednn(x.numel() // max(x.shape[-1], 1)):

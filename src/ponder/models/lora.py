@@ -19,6 +19,7 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    from ponder.models.cpu_matmul import matmul_dtype
     from ponder.models.lora_fused import fuse_lora_linears
 
     config = config or LoraConfig()
@@ -39,8 +40,10 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
         layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
+    weights = policy.model.get_input_embeddings().weight.dtype
+    base_dtype = matmul_dtype(config.base_matmul_dtype, "lora.base_matmul_dtype", weights, policy.device)
     model: Any = get_peft_model(policy.model, peft_config)
-    fuse_lora_linears(model)
+    fuse_lora_linears(model, base_dtype)
     return replace(policy, model=model)
 
 

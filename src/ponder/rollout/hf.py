@@ -46,7 +46,6 @@ from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
 # any tag-like stop string while keeping the per-step decode cheap.
 _STOP_WINDOW_TOKENS = 16
 DECODERS = ("auto", "transformers", "static")
-DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass
@@ -318,13 +317,7 @@ def _merged_copy(model: Any) -> Any:
 def sampling_dtype(name: str, policy: Policy) -> torch.dtype:
     """`rollout.sampling.dtype` as a torch dtype: `auto` is bfloat16 for a float32 model
     on a CPU with bf16 instructions (cpu_matmul.native_bf16), else the model's own."""
-    if name not in DTYPES:
-        raise ValueError(f"rollout.sampling.dtype: unknown '{name}'; valid: {', '.join(DTYPES)}")
-    weights = _weights_dtype(policy)
-    if name != "auto":
-        return getattr(torch, name)
-    on_bf16_cpu = policy.device.type == "cpu" and weights == torch.float32 and cpu_matmul.native_bf16()
-    return torch.bfloat16 if on_bf16_cpu else weights
+    return cpu_matmul.matmul_dtype(name, "rollout.sampling.dtype", _weights_dtype(policy), policy.device)
 
 
 def _weights_dtype(policy: Policy) -> torch.dtype:
