@@ -30,8 +30,9 @@ from ponder.train.sft import recipe_demonstrations  # noqa: E402
 SIZES = (1, 2, 4)
 
 
-def step_seconds(policy, rows: list, micro: int) -> float:
-    """Seconds of one forward and backward pass of `rows` in micro-batches of `micro`."""
+def step_seconds(policy, rows: list, micro: int, keep_grads: bool = False) -> float:
+    """Seconds of one forward and backward pass of `rows` in micro-batches of `micro`
+    (the gradients zeroed after, unless `keep_grads`)."""
     batch = collate(rows, policy.tokenizer.pad_token_id)
     tokens = float(batch.loss_mask.sum())
     lengths = batch.attention_mask.sum(-1).tolist()
@@ -43,7 +44,8 @@ def step_seconds(policy, rows: list, micro: int) -> float:
         logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=mask)
         (-(logprobs * mask).sum() / tokens).backward()
     seconds = time.perf_counter() - tick
-    policy.model.zero_grad(set_to_none=True)
+    if not keep_grads:
+        policy.model.zero_grad(set_to_none=True)
     return seconds
 
 
