@@ -122,6 +122,10 @@ def test_sft_from_with_another_sampler_reuses_the_warm_up(first):
         assert dumps_strict(metrics, sort_keys=True) == dumps_strict(results["stages"][stage], sort_keys=True)
     with pytest.raises(ValueError, match="section 'rollout' differs"):
         load_sft_run(out, load_recipe(None, TINY + ["rollout.sampling.max_new_tokens_per_turn=7"]))
+    with pytest.raises(ValueError, match="section 'rollout' differs"):  # the evaluations' sampler
+        load_sft_run(out, load_recipe(None, TINY + ["rollout.sampling.dtype=bfloat16"]))
+    # the RL update's precision is RL's own: the warm-up's weights and evaluations still hold
+    assert not load_sft_run(out, load_recipe(None, TINY + ["lora.base_matmul_dtype=bfloat16"])).rescore
 
 
 def test_sft_from_with_more_turns_evaluates_the_warm_up_again(first, tmp_path):

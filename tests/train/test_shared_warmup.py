@@ -36,6 +36,8 @@ def test_shared_sft_sums_the_steps_and_names_a_disagreeing_key(tmp_path):
     recipes["math"].sft.lr = 1e-3
     with pytest.raises(ValueError, match=r"math\.yaml: key 'sft\.lr'"):
         shared_sft(recipes, where)
+    recipes["math"] = load_recipe(None, [*MATH, "lora.base_matmul_dtype=bfloat16"])
+    assert shared_sft(recipes, where).steps == 5  # a precision, not the adapter: the first recipe's is used
     recipes["math"] = load_recipe(None, [*MATH, "lora.r=8"])
     with pytest.raises(ValueError, match=r"math\.yaml: section 'lora'"):
         shared_sft(recipes, where)

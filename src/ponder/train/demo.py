@@ -128,7 +128,8 @@ class _SFTRun:
 # backend: `ponder eval` the result to compare with one sampler).
 RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
 RL_KEYS = {"rollout": ("group_size", "backend", "vllm_url", "vllm_python", "vllm_timeout_s", "vllm_retries",
-                       "vllm_start_timeout_s")}
+                       "vllm_start_timeout_s"),
+           "lora": ("base_matmul_dtype",)}  # the training products' precision, not the adapter
 
 
 def _warm_up_settings(recipe: dict[str, Any]) -> dict[str, Any]:

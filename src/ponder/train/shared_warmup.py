@@ -26,6 +26,12 @@ SHARED_SECTIONS = ("model", "lora")
 SHARED_SFT_KEYS = ("batch_size", "lr", "warmup_steps")
 
 
+def _shared(section: dict[str, Any]) -> dict[str, Any]:
+    """What must agree: everything but the training products' precision (the first
+    recipe's is used), which does not change the adapter or the model."""
+    return {k: v for k, v in section.items() if k != "base_matmul_dtype"}
+
+
 def shared_sft(recipes: dict[str, Recipe], where: dict[str, str]) -> SFTConfig:
     """The joint SFT settings: the recipes' common batch size, learning rate and
     warm-up, for the sum of their steps. ValueError naming the file and key where a
@@ -35,7 +41,7 @@ def shared_sft(recipes: dict[str, Recipe], where: dict[str, str]) -> SFTConfig:
     for name in names[1:]:
         recipe = recipes[name]
         for section in SHARED_SECTIONS:
-            if to_dict(getattr(recipe, section)) != to_dict(getattr(first, section)):
+            if _shared(to_dict(getattr(recipe, section))) != _shared(to_dict(getattr(first, section))):
                 raise ValueError(f"{where[name]}: section '{section}' differs from {where[names[0]]}'s; "
                                  "a shared warm-up trains one adapter of one model")  # fmt: skip
         for key in SHARED_SFT_KEYS:
