@@ -113,7 +113,7 @@ class SamplingConfig:
         `static` runs the GPU's static-shape steps on any device (tests, checks).
     dtype: the precision the sampling copy computes in: `float32`, `bfloat16`, or
         `auto`: bfloat16 for a float32 model on a CPU with bf16 instructions (AVX-512
-        BF16 or AMX; 1.3-1.6x the fp32 decode's tokens/s, docs/benchmarks.md), else the
+        BF16 or AMX; ~1.4x the fp32 decode's tokens/s, docs/benchmarks.md), else the
         model's. When it differs from the trainer's precision the trainer takes the
         old log-probs from its own forward and corrects with a truncated importance
         weight (`algo.tis_cap`), as for vLLM; the gap is logged as

@@ -85,8 +85,9 @@ class LlamaDecoder:
     BF16, AMX) stores the matrices in bf16 and rounds each product's input and output
     to it; norms, rotary, attention and the cache stay float32 (the CPU's bf16
     attention kernel measured 2.5x slower than its fp32 one at decode shapes). The
-    matrix products run 1.6-2x faster (bench/decode_dtype.py, docs/benchmarks.md);
-    the sampler's log-probs then differ from the trainer's (`rollout.sampling.dtype`)."""
+    matrix products run 1.5-2x faster, a decode step ~1.4x (bench/vllm_vs_ponder.py
+    --ponder-dtypes, docs/benchmarks.md); the sampler's log-probs then differ from the
+    trainer's by ~0.03 (`rollout.sampling.dtype`)."""
 
     def __init__(self, model: Any, config: Any, matmul_dtype: torch.dtype | None = None) -> None:
         self.config = config
