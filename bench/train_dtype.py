@@ -39,10 +39,12 @@ def gradient(policy) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--recipe", default="recipes/demo.yaml")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--rows", type=int, default=8, help="demonstrations per step (the demo's sft.batch_size)")
+    parser.add_argument("--rows", type=int, default=8,
+                        help="demonstrations per step (the demo's sft.batch_size)")  # fmt: skip
     args = parser.parse_args()
     recipe = load_recipe(args.recipe, [])
     policies = {}
@@ -62,9 +64,10 @@ def main() -> None:
             grads[dtype] = gradient(policies[dtype])
         exact, rounded = grads["float32"], grads["bfloat16"]
         gaps.append(float((rounded - exact).norm() / exact.norm()))
-        cosines.append(float(torch.nn.functional.cosine_similarity(rounded.double(), exact.double(), dim=0)))
-        print(step, {d: round(t[-1], 2) for d, t in times.items()}, f"gap {gaps[-1]:.4f} cos {cosines[-1]:.5f}",
-              flush=True)  # fmt: skip
+        cosine = torch.nn.functional.cosine_similarity(rounded.double(), exact.double(), dim=0)
+        cosines.append(float(cosine))
+        seconds = {d: round(t[-1], 2) for d, t in times.items()}
+        print(step, seconds, f"gap {gaps[-1]:.4f} cos {cosines[-1]:.5f}", flush=True)
     means = {d: statistics.mean(t) for d, t in times.items()}
     print(f"mean seconds a step: fp32 {means['float32']:.2f}, bf16 {means['bfloat16']:.2f} "
           f"({means['float32'] / means['bfloat16']:.2f}x); gradient gap {statistics.mean(gaps):.4f}, "

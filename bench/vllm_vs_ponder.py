@@ -163,8 +163,8 @@ def main() -> None:
     policy = load_policy("smollm2-135m")
     systems = {}
     for dtype in args.ponder_dtypes:
-        sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=args.new_tokens, max_total_tokens=512,
-                                  dtype=dtype)  # fmt: skip
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=args.new_tokens,
+                                  max_total_tokens=512, dtype=dtype)  # fmt: skip
         systems[f"ponder-{dtype}"] = HFBackend(policy, sampling, seed=0)
     rollout = RolloutConfig(sampling=sampling, vllm_python=args.vllm_python)
     for dtype in args.vllm_dtypes:  # the server's dtype is the policy's

@@ -113,7 +113,8 @@ def test_bf16_base_products_round_only_the_frozen_matmuls():
     assert y.dtype == torch.float32
     # frozen: 1 * 1 + 3 * 1 = 4 (fp32 would give 4 + 2^-10 + 3 * 2^-9); LoRA: (1 + 2^-10)^2 exactly
     assert float(y) == 4.0 + (1.0 + 2**-10) ** 2
-    policies = [apply_lora(tiny_policy(seed=0), LoraConfig(base_matmul_dtype=d)) for d in ("float32", "bfloat16")]
+    dtypes = ("float32", "bfloat16")
+    policies = [apply_lora(tiny_policy(seed=0), LoraConfig(base_matmul_dtype=d)) for d in dtypes]
     for policy in policies:  # the same non-zero adapters on both
         generator = torch.Generator().manual_seed(1)
         for name, param in policy.model.named_parameters():

@@ -146,7 +146,8 @@ def test_bf16_matrices_stay_close_to_fp32_and_keep_the_cache_fp32(trained_lora):
     and the attention stay float32."""
     policy = trained_lora(tiny_policy(seed=0))
     exact, rounded = lean_decoder(policy.model), lean_decoder(policy.model, torch.bfloat16)
-    assert rounded.layers[0].gate_up.dtype == torch.bfloat16 and exact.layers[0].gate_up.dtype == torch.float32
+    assert rounded.layers[0].gate_up.dtype == torch.bfloat16
+    assert exact.layers[0].gate_up.dtype == torch.float32
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(5, 300, (2, 6), generator=generator)
     mask = torch.ones(2, 6, dtype=torch.long)
@@ -172,7 +173,8 @@ def test_sampling_dtype_auto_follows_the_cpus_bf16_instructions():
     with pytest.raises(ValueError, match="rollout.sampling.dtype: unknown 'fp8'"):
         sampling_dtype("fp8", policy)
     bf16 = HFBackend(policy, SamplingConfig(dtype="bfloat16"))
-    assert not bf16.logprobs_match_trainer and HFBackend(policy, SamplingConfig(dtype="float32")).logprobs_match_trainer
+    assert not bf16.logprobs_match_trainer
+    assert HFBackend(policy, SamplingConfig(dtype="float32")).logprobs_match_trainer
     requests = [GenerationRequest(f"r{i}", [5, 6, 7 + i], 6) for i in range(3)]
     generations = bf16.generate(requests, [])
     assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in generations)

@@ -88,7 +88,8 @@ def test_a_bf16_sampler_is_corrected_from_the_updates_own_forward():
 
     base = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
             "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-            "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4", "rollout.sampling.dtype=bfloat16"]  # fmt: skip
+            "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4",
+            "rollout.sampling.dtype=bfloat16"]  # fmt: skip
     rewards = iter([1.0, 0.0] * 100)
     for extra, recomputed in (([], False), (["algo.epochs=2"], True)):
         recipe = load_recipe(None, base + extra)

@@ -94,7 +94,7 @@ class HFBackend:
         base weights): ponder's lean decoder for Llama-family models on the CPU
         (`rollout.llama_decode`), else a merged copy of the transformers model."""
         if self._sampler is None:
-            lean = lean_decoder(self.policy.model, self.dtype) if self.sampling.decoder != "transformers" else None
+            lean = None if self.sampling.decoder == "transformers" else lean_decoder(self.policy.model, self.dtype)
             self._sampler = lean if lean is not None else _merged_copy(self.policy.model).to(self.dtype)
         return self._sampler
 

@@ -119,7 +119,7 @@ class LlamaDecoder:
             qkv=self._linear(torch.cat([effective_weight(p) for p in projections]), qkv_bias),
             o=self._linear(effective_weight(attn.o_proj), _bias(attn.o_proj)),
             post_norm=block.post_attention_layernorm.weight.detach(),
-            gate_up=self._linear(torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)]), None),
+            gate_up=self._linear(torch.cat([effective_weight(p) for p in (mlp.gate_proj, mlp.up_proj)]), None),
             down=self._linear(effective_weight(mlp.down_proj), None),
         )
 

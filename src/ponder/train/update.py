@@ -183,7 +183,8 @@ def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float
     loss = aggregate(algo.aggregation, per_token, mask, loss_cfg, denominator)
     stats = {f"policy/{k}": float(v) for k, v in metrics.items()}
     if part.old_from_forward:  # the sampler's gap to the trainer, over the rows run
-        stats.update({f"rollout/{k}": v for k, v in sampler_mismatch(old, part.sampler_logprobs, mask).items()})
+        gap = sampler_mismatch(old, part.sampler_logprobs, mask)
+        stats.update({f"rollout/{k}": v for k, v in gap.items()})
     stats["loss/policy"] = float(masked_mean(per_token.detach(), mask))
     if part.ref_logprobs is not None:
         token_kl = kl_estimate(logprobs, part.ref_logprobs, algo.kl_estimator)
