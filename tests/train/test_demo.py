@@ -146,6 +146,9 @@ def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
         run_demo(load_recipe(None, TINY + ["env.max_turns=2"]), tmp_path / "fewer", say=lambda _: None, sft_from=out)
     with pytest.raises(FileNotFoundError, match=r"ponder.json: missing; --sft-from needs a finished run"):
         run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
+    with pytest.raises(ValueError, match=r"rollout.sampling.dtype: unknown 'fp8'"):  # before any work
+        run_demo(load_recipe(None, TINY + ["rollout.sampling.dtype=fp8"]), tmp_path / "typo", say=lambda _: None)
+    assert not (tmp_path / "typo").exists()
 
 
 def test_paired_gain_hand_computed():

@@ -98,3 +98,13 @@ def test_a_bf16_sampler_is_corrected_from_the_updates_own_forward():
         assert 0 < metrics["rollout/logprob_mismatch"] < 1.0
         assert 0 < metrics["policy/tis_weight"] <= recipe.algo.tis_cap
         assert trainer._one_pass_on_policy(4) != recomputed
+
+
+@pytest.mark.parametrize("setting", ["rollout.sampling.dtype", "lora.base_matmul_dtype"])
+def test_an_unknown_precision_fails_the_recipe_check_before_any_work(setting):
+    from ponder.config import load_recipe
+    from ponder.train.rl import check_recipe
+
+    check_recipe(load_recipe(None, [f"{setting}=auto"]))
+    with pytest.raises(ValueError, match=rf"{setting}: unknown 'fp8'; valid: auto, float32, bfloat16"):
+        check_recipe(load_recipe(None, [f"{setting}=fp8"]))

@@ -85,12 +85,7 @@ def bf16_packable(weight: torch.Tensor) -> bool:
 def native_bf16() -> bool:
     """Whether this CPU has bf16 dot-product instructions (AVX-512 BF16 or AMX), which
     oneDNN's bf16 kernels need to beat fp32 (without them it emulates bf16)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return has_bf16_instructions(flags)
+    return has_bf16_instructions((_cpuinfo("flags") or "").split())
 
 
 def has_bf16_instructions(flags: list[str]) -> bool:
@@ -101,11 +96,16 @@ def has_bf16_instructions(flags: list[str]) -> bool:
 MATMUL_DTYPES = ("auto", "float32", "bfloat16")
 
 
+def check_matmul_dtype(name: str, setting: str) -> None:
+    """ValueError naming `setting` for a precision that is not one of MATMUL_DTYPES."""
+    if name not in MATMUL_DTYPES:
+        raise ValueError(f"{setting}: unknown '{name}'; valid: {', '.join(MATMUL_DTYPES)}")
+
+
 def matmul_dtype(name: str, setting: str, weights: torch.dtype, device: torch.device) -> torch.dtype:
     """A recipe's precision for matrix products (`setting` names it in errors): `auto`
     is bfloat16 for float32 weights on a CPU with bf16 instructions, else the weights'."""
-    if name not in MATMUL_DTYPES:
-        raise ValueError(f"{setting}: unknown '{name}'; valid: {', '.join(MATMUL_DTYPES)}")
+    check_matmul_dtype(name, setting)
     if name != "auto":
         return getattr(torch, name)
     on_bf16_cpu = device.type == "cpu" and weights == torch.float32 and native_bf16()
@@ -140,14 +140,18 @@ def _onednn_faster(rows: int) -> bool:
     return _verdict(f"linear/{rows}", measure)
 
 
-def _verdict_file() -> Path:
-    """This machine's verdicts: one file per CPU model and torch version."""
-    cpu = platform.processor() or platform.machine()
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            cpu = next((line.split(":", 1)[1] for line in info if line.startswith("model name")), cpu)
+            return next((line.split(":", 1)[1] for line in info if line.startswith(field)), None)
     except OSError:
-        pass
+        return None
+
+
+def _verdict_file() -> Path:
+    """This machine's verdicts: one file per CPU model and torch version."""
+    cpu = _cpuinfo("model name") or platform.processor() or platform.machine()
     tag = hashlib.sha256(f"{cpu.strip()}|{torch.__version__}".encode()).hexdigest()[:12]
     root = Path(os.environ.get("PONDER_CACHE_DIR", Path.home() / ".cache" / "ponder"))
     return root / f"matmul-{tag}.json"

@@ -42,6 +42,11 @@ class Policy:
     base: str = ""
     stack: tuple[str, ...] = ()
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the model's weights are stored in (its input embeddings')."""
+        return self.model.get_input_embeddings().weight.dtype
+
 
 def cache_dir() -> Path:
     """Where converted models live: $PONDER_CACHE_DIR or ~/.cache/ponder."""

@@ -40,8 +40,7 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
         layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
-    weights = policy.model.get_input_embeddings().weight.dtype
-    base_dtype = matmul_dtype(config.base_matmul_dtype, "lora.base_matmul_dtype", weights, policy.device)
+    base_dtype = matmul_dtype(config.base_matmul_dtype, "lora.base_matmul_dtype", policy.dtype, policy.device)
     model: Any = get_peft_model(policy.model, peft_config)
     fuse_lora_linears(model, base_dtype)
     return replace(policy, model=model)

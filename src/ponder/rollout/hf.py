@@ -66,7 +66,7 @@ class HFBackend:
         self.dtype = sampling_dtype(sampling.dtype, policy)
         # The trainer recomputes (or takes from its forward) the old log-probs when ours
         # come from other kernels than its own (rl.py, train/update.py).
-        self.logprobs_match_trainer = self.dtype == _weights_dtype(policy)
+        self.logprobs_match_trainer = self.dtype == policy.dtype
         self.tokenizer = policy.tokenizer
         self.sampling = sampling
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
@@ -317,11 +317,7 @@ def _merged_copy(model: Any) -> Any:
 def sampling_dtype(name: str, policy: Policy) -> torch.dtype:
     """`rollout.sampling.dtype` as a torch dtype: `auto` is bfloat16 for a float32 model
     on a CPU with bf16 instructions (cpu_matmul.native_bf16), else the model's own."""
-    return cpu_matmul.matmul_dtype(name, "rollout.sampling.dtype", _weights_dtype(policy), policy.device)
-
-
-def _weights_dtype(policy: Policy) -> torch.dtype:
-    return policy.model.get_input_embeddings().weight.dtype
+    return cpu_matmul.matmul_dtype(name, "rollout.sampling.dtype", policy.dtype, policy.device)
 
 
 def shared_prefix_length(contexts: list[list[int]]) -> int:

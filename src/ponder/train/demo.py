@@ -18,7 +18,7 @@ from ponder.rewards import score_trajectories
 from ponder.train.plot import plot_run, plot_stages
 from ponder.train.memory import release_memory
 from ponder.train.progress import item_progress, training_progress
-from ponder.train.rl import RLTrainer, prepare_policy
+from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
 from ponder.train.sft import warm_up
 from ponder.eval.gain import paired_by_task, verdict
 from ponder.types import load_trajectories, save_trajectories
@@ -36,6 +36,7 @@ def run_demo(
     are reused (its recipe must match in everything but the RL settings), so RL
     variants can be compared from one warm-up.
     """
+    check_recipe(recipe)  # a typo fails here, not at the stage that reads it
     run_dir = Path(run_dir)
     previous = load_sft_run(sft_from, recipe) if sft_from is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)

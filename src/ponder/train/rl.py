@@ -41,6 +41,7 @@ from ponder.algos.filters import GROUP_FILTERS
 from ponder.algos.kl import KL_REFERENCES
 from ponder.config import Recipe, to_dict
 from ponder.models import Policy, adapters_disabled, apply_lora, load_policy, trainable_snapshot, weights_swapped
+from ponder.models.cpu_matmul import check_matmul_dtype
 from ponder.models.loading import enable_gradient_checkpointing
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
@@ -538,7 +539,7 @@ def _starting_weights(model: Any) -> dict[str, torch.Tensor] | None:
 
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
-    KL, std scope, tracker or SFT behaviour, for wandb named but not installed, for an SFT
+    KL, std scope, tracker, SFT behaviour or matmul precision, for wandb named but not installed, for an SFT
     oracle_fraction outside [0, 1], and for micro-batch sizes below 1 (update) or 0
     (no-grad passes)."""
     if recipe.sft.behaviour not in BEHAVIOURS:
@@ -552,6 +553,8 @@ def check_recipe(recipe: Recipe) -> None:
     GROUP_FILTERS.get(recipe.algo.group_filter)
     CURRICULA.get(recipe.train.curriculum)
     check_trackers(recipe.tracking.trackers)
+    check_matmul_dtype(recipe.rollout.sampling.dtype, "rollout.sampling.dtype")
+    check_matmul_dtype(recipe.lora.base_matmul_dtype, "lora.base_matmul_dtype")
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
     if recipe.algo.kl_reference not in KL_REFERENCES:
