@@ -502,6 +502,10 @@ class TrainConfig:
         weights); without it, on eval_episodes held-out test tasks (a curve only).
     val_tasks: training tasks held out of RL as a validation split (0 = none), used
         by eval_every for model selection (ponder.train.validation).
+    val_outside_sft: keep the validation split out of the SFT warm-up's
+        demonstrations too (else the warm-up may have memorised its answers, which
+        favours step 0), drawn with seed 0 whatever train.seed, so RL seeds that
+        share one warm-up share the split.
     patience: stop after this many validation evaluations without a new best (0 = never).
     keep_best: end on the best validation weights (kept in RUN_DIR/best), not the last.
     save_every: checkpoint every N steps (always at the end).
@@ -534,6 +538,7 @@ class TrainConfig:
     eval_every: int = 0
     eval_episodes: int = 32
     val_tasks: int = 0
+    val_outside_sft: bool = False
     patience: int = 0
     keep_best: bool = True
     save_every: int = 5

@@ -144,6 +144,9 @@ def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
         run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
     with pytest.raises(ValueError, match=r"env.max_turns 2 is below the warm-up's 3"):
         run_demo(load_recipe(None, TINY + ["env.max_turns=2"]), tmp_path / "fewer", say=lambda _: None, sft_from=out)
+    kept_out = load_recipe(None, TINY + ["train.val_tasks=2", "train.val_outside_sft=true"])
+    with pytest.raises(ValueError, match=r"train.val_outside_sft needs the warm-up to have kept out the same split"):
+        run_demo(kept_out, tmp_path / "kept", say=lambda _: None, sft_from=out)  # its warm-up saw every task
     with pytest.raises(FileNotFoundError, match=r"ponder.json: missing; --sft-from needs a finished run"):
         run_demo(load_recipe(None, TINY), tmp_path / "x", say=lambda _: None, sft_from=tmp_path)
     with pytest.raises(ValueError, match=r"rollout.sampling.dtype: unknown 'fp8'"):  # before any work

@@ -12,8 +12,8 @@ from ponder.config import load_recipe
 from ponder.models.adapters import find_trained, saved_weights
 from ponder.train.checkpoint import latest_checkpoint
 from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer
-from ponder.train.validation import BEST_DIR, BestSoFar, split_validation
+from ponder.train.rl import RLTrainer, prepare_policy
+from ponder.train.validation import BEST_DIR, BestSoFar, recipe_validation, split_validation
 from ponder.types import Task
 
 from tests.train.test_rl_trainer import TINY, low_id_share
@@ -47,6 +47,29 @@ def test_split_refuses_to_leave_nothing_to_train_on():
         assert "train.val_tasks=2" in str(err)
     else:
         raise AssertionError("expected ValueError")
+
+
+def test_validation_outside_sft_is_left_out_of_the_warm_up_for_every_rl_seed():
+    from ponder.train.sft import recipe_demonstrations
+    from ponder.wiring import build_env, train_tasks
+
+    policy = prepare_policy(load_recipe(None, TINY))
+    whole = ["rollout.sampling.max_new_tokens_per_turn=256", "env.max_turns=3", "sft.behaviour=oracle"]
+    kept_out = whole + ["train.val_tasks=4", "train.val_outside_sft=true", "sft.examples=16"]
+    splits = []
+    for seed in (0, 1):
+        recipe = load_recipe(None, TINY + kept_out + [f"train.seed={seed}"])
+        tasks = train_tasks(recipe, build_env(recipe, policy.tokenizer))
+        train, val = recipe_validation(recipe, tasks)
+        demos = {d.task_id for d in recipe_demonstrations(recipe, policy)}
+        assert len(val) == 4 and not demos & {t.id for t in val}
+        assert demos == {t.id for t in train}  # sft.examples=16 asks for all of them
+        splits.append(val)
+    assert splits[0] == splits[1]  # one split whatever the RL seed
+    plain = load_recipe(None, TINY + whole + ["train.val_tasks=4", "sft.examples=16", "train.seed=1"])
+    _, val = recipe_validation(plain, tasks)
+    assert val != splits[0]  # without it the split follows train.seed ...
+    assert {d.task_id for d in recipe_demonstrations(plain, policy)} == {t.id for t in tasks}  # ... and SFT sees it
 
 
 def test_best_so_far_counts_evaluations_without_improvement():

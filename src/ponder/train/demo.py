@@ -142,6 +142,11 @@ def _warm_up_settings(recipe: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+def _kept_out(train: dict[str, Any]) -> tuple | None:
+    """What decides the validation split a warm-up left out of its demonstrations."""
+    return (train["val_tasks"], sorted(train["task_kinds"])) if train["val_outside_sft"] else None
+
+
 def _more_turns(theirs: dict[str, Any], ours: dict[str, Any], run_dir: Path) -> bool:
     """Whether `ours` allows more turns per episode than the warm-up's recipe, with
     env.max_turns then set equal in both (in place). More turns leave the warm-up's
@@ -168,7 +173,11 @@ def warm_up_weights(run_dir: str | Path, recipe: Recipe) -> tuple[Path, bool]:
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing; --sft-from needs a finished run with an SFT stage")
     # through load_recipe: keys added to ponder since that run was saved take their defaults
-    theirs = _warm_up_settings(to_dict(load_recipe(run_dir / "recipe.yaml")))
+    saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
+    if recipe.train.val_outside_sft and _kept_out(saved["train"]) != _kept_out(to_dict(recipe)["train"]):
+        raise ValueError(f"{run_dir / 'recipe.yaml'}: train.val_outside_sft needs the warm-up to have kept out the "
+                         "same split (train.val_outside_sft, val_tasks and task_kinds as this recipe's)")  # fmt: skip
+    theirs = _warm_up_settings(saved)
     ours = _warm_up_settings(to_dict(recipe))
     more_turns = _more_turns(theirs, ours, run_dir)
     for section in ours:

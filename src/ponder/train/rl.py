@@ -66,7 +66,7 @@ from ponder.train.update import (
     recompute_old_logprobs,
     take_old_logprobs_from_forward,
 )
-from ponder.train.validation import BEST_DIR, BestSoFar, split_validation, validate
+from ponder.train.validation import BEST_DIR, BestSoFar, recipe_validation, validate
 from ponder.types import Task, Trajectory
 
 
@@ -217,7 +217,7 @@ class RLTrainer:
         spec = build_env(recipe, policy.tokenizer)
         reward = reward or build_reward(recipe, spec, policy)
         backend = build_backend(policy, recipe)
-        tasks, val_tasks = split_validation(train_tasks(recipe, spec), recipe.train.val_tasks, recipe.train.seed)
+        tasks, val_tasks = recipe_validation(recipe, train_tasks(recipe, spec))
         return cls(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)
 
     def use_rollouts(self, rollouts: Rollouts) -> None:

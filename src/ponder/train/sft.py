@@ -134,13 +134,16 @@ def _cycled_order(n: int, length: int, seed: int) -> list[int]:
 
 
 def recipe_demonstrations(recipe: Recipe, policy: Policy) -> list[Trajectory]:
-    """The recipe's SFT demonstrations: sft.examples training tasks of sft.task_kinds,
-    replayed with sft.behaviour (and sft.oracle_fraction)."""
-    from ponder.wiring import build_env
+    """The recipe's SFT demonstrations: sft.examples training tasks of sft.task_kinds
+    (less RL's validation split under train.val_outside_sft), replayed with
+    sft.behaviour (and sft.oracle_fraction)."""
+    from ponder.train.validation import recipe_validation
+    from ponder.wiring import build_env, train_tasks
 
     spec = build_env(recipe, policy.tokenizer)
     kinds = set(recipe.sft.task_kinds)
-    tasks = [t for t in spec.train if not kinds or t.kind in kinds][: recipe.sft.examples]
+    held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]} if recipe.train.val_outside_sft else set()
+    tasks = [t for t in spec.train if (not kinds or t.kind in kinds) and t.id not in held][: recipe.sft.examples]
     return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction)
 
 

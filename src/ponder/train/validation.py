@@ -6,7 +6,8 @@ for train.patience evaluations, and the policy ends on the best weights.
 The held-out test tasks are never used to choose: selection on them would make the
 reported gain optimistic. Validation tasks are removed from RL's sampler only (the
 SFT warm-up may have seen their demonstrations, which favours the warm-up, step 0:
-selection stays conservative).
+selection stays conservative), unless train.val_outside_sft keeps them out of the
+warm-up too.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def split_validation(tasks: list[Task], n: int, seed: int) -> tuple[list[Task], 
     interleaved = [queue[i] for i in range(max(map(len, queues))) for queue in queues if i < len(queue)]
     held = {task.id for task in interleaved[:n]}
     return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
+
+
+def recipe_validation(recipe: Recipe, tasks: list[Task]) -> tuple[list[Task], list[Task]]:
+    """The recipe's (train, validation) split of RL's training tasks: train.val_tasks
+    held out, drawn with train.seed, or with seed 0 under train.val_outside_sft (the
+    SFT warm-up leaves the same tasks out, whichever RL seed runs after it)."""
+    seed = 0 if recipe.train.val_outside_sft else recipe.train.seed
+    return split_validation(tasks, recipe.train.val_tasks, seed)
 
 
 @dataclass
