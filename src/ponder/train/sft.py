@@ -17,7 +17,7 @@ from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.forward import forward_policy
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.batch import collate
-from ponder.train.memory import release_memory
+from ponder.models.memory import release_memory
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 
