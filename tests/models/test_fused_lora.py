@@ -6,9 +6,12 @@ import pytest
 import torch
 from peft.tuners.lora.layer import Linear
 
-from ponder.config import LoraConfig
+from ponder.config import LoraConfig, SamplingConfig
 from ponder.models import apply_lora, tiny_policy
-from ponder.models.lora_fused import FrozenLinear, FusedLoraLinear, LoraLinearFunction, fuse_lora_linears
+from ponder.models.lora_fused import (
+    FrozenLinear, FusedLoraLinear, LoraLinearFunction, drop_base_copies, fuse_lora_linears,
+)
+from ponder.rollout.hf import HFBackend
 
 
 def _loss_and_grads(model, input_ids):
@@ -130,7 +133,14 @@ def test_bf16_base_products_round_only_the_frozen_matmuls():
     assert copy.dtype == torch.bfloat16 and torch.equal(copy, head.weight.detach().bfloat16())
     with torch.no_grad():
         head.weight.mul_(2.0)  # a write (a merge, a load) makes the next product use a fresh copy
-    _loss_and_grads(policies[1].model, input_ids)
+    again = _loss_and_grads(policies[1].model, input_ids)
     assert torch.equal(head._copy, head.weight.detach().bfloat16())
+    # a sampler built from the policy frees the copies; the next product remakes them, the same
+    HFBackend(policies[1], SamplingConfig()).sampling_model()
+    assert all(getattr(m, "_copy", None) is None for m in policies[1].model.modules())
+    remade = _loss_and_grads(policies[1].model, input_ids)
+    assert torch.equal(remade[0], again[0]) and torch.equal(head._copy, head.weight.detach().bfloat16())
+    frozen = [m for m in policies[1].model.modules() if isinstance(m, FrozenLinear) and not m.weight.requires_grad]
+    assert drop_base_copies(policies[1].model) == len(frozen)  # one copy per frozen product
     with pytest.raises(ValueError, match="lora.base_matmul_dtype: unknown 'half'"):
         apply_lora(tiny_policy(seed=0), LoraConfig(base_matmul_dtype="half"))

@@ -46,3 +46,12 @@ def test_large_blocks_leave_the_resident_set_when_freed():
     assert threshold == 0 and kept < 40
     assert _run(MALLOC_MMAP_THRESHOLD_="4194304")[0] == 0  # the user's setting wins
     assert _run(PONDER_MMAP_THRESHOLD="2097152")[0] == 2097152
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status: Linux only")
+def test_peak_rss_is_the_kernels_high_water_mark():
+    from ponder.models.memory import peak_rss_gb
+
+    with open("/proc/self/status") as status:
+        high_water = int(status.read().split("VmHWM:")[1].split()[0]) * 1024 / 1e9
+    assert peak_rss_gb() == pytest.approx(high_water, rel=0.05)

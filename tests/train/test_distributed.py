@@ -86,7 +86,7 @@ def test_a_worker_killed_mid_step_loses_and_duplicates_nothing(cluster, tmp_path
     assert sum(sum(t.loss_mask) for t in killed) > 0
 
 
-CLOCK = ("time", "throughput/", "ray/overhead_s", "ray/worker_rollout_s", "ray/weights_sync_s")
+CLOCK = ("time", "throughput/", "memory/", "ray/overhead_s", "ray/worker_rollout_s", "ray/weights_sync_s")
 
 
 def _train(tmp_path, name, *extra, timeout=300):

@@ -64,7 +64,7 @@ def _comparable(records):
         out[record["step"]] = {
             key: ("nan" if isinstance(value, float) and math.isnan(value) else value)
             for key, value in record.items()
-            if key != "time" and not key.startswith(("time/", "throughput/"))
+            if key != "time" and not key.startswith(("time/", "throughput/", "memory/"))
         }
     return out
 
@@ -100,8 +100,11 @@ MARGIN = 0.10
 def test_tiny_model_learns_a_trivial_reward(tmp_path, advantage, loss, steps):
     config = recipe(*OVERFIT, f"algo.advantage={advantage}", f"algo.loss={loss}", f"train.steps={steps}")
     RLTrainer.from_recipe(config, tmp_path, reward=low_id_share).train()
-    rewards = [r["reward/mean"] for r in read_metrics(tmp_path)]
+    records = read_metrics(tmp_path)
+    rewards = [r["reward/mean"] for r in records]
     assert len(rewards) == steps
+    peaks = [(r["memory/rollout_peak_gb"], r["memory/peak_gb"]) for r in records]  # the peak so far never falls
+    assert all(0 < rollout <= peak for rollout, peak in peaks) and sorted(sum(peaks, ())) == list(sum(peaks, ()))
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + MARGIN, f"{advantage}/{loss}: {first:.3f} -> {last:.3f} ({rewards})"
 

@@ -121,6 +121,18 @@ def _base_weight(layer: torch.nn.Linear) -> torch.Tensor:
     return layer._copy
 
 
+def drop_base_copies(model: Any) -> int:
+    """Free every frozen layer's copy in its `base_dtype` (the next product remakes it);
+    returns how many were freed. A sampler built from the weights holds its own copy,
+    so while it lives the training copies (270 MB on SmolLM2 in bf16) need not."""
+    freed = 0
+    for module in model.modules():
+        if getattr(module, "_copy", None) is not None:
+            module._copy = module._copy_stamp = None
+            freed += 1
+    return freed
+
+
 class FrozenLinear(torch.nn.Linear):
     """torch's Linear; while its weight and bias are frozen, through FrozenLinearFunction."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import sys
 from typing import Any
 
 # glibc's mallopt parameter (malloc.h) and the threshold ponder sets: blocks of at least
@@ -55,3 +56,13 @@ def map_large_blocks() -> int:
     if libc is None or threshold <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return 0
     return threshold if libc.mallopt(M_MMAP_THRESHOLD, threshold) == 1 else 0
+
+
+def peak_rss_gb() -> float:
+    """The process's peak resident set so far, in GB (0.0 where `resource` is missing)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0.0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9

@@ -95,8 +95,11 @@ class HFBackend:
         base weights): ponder's lean decoder for Llama-family models on the CPU
         (`rollout.llama_decode`), else a merged copy of the transformers model."""
         if self._sampler is None:
+            from ponder.models.lora_fused import drop_base_copies
+
             lean = None if self.sampling.decoder == "transformers" else lean_decoder(self.policy.model, self.dtype)
             self._sampler = lean if lean is not None else _merged_copy(self.policy.model).to(self.dtype)
+            drop_base_copies(self.policy.model)  # the update remakes them once the sampler is dropped
         return self._sampler
 
     def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
@@ -214,6 +217,7 @@ class HFBackend:
         capacity = -(-capacity // 64) * 64 if pad_slots else capacity
         device = self.policy.device
         cache = SlabCache(model.config.num_hidden_layers, capacity, pasts, width)
+        del pasts  # each layer's pasts are freed once copied into its slab: not two caches at once
         input_ids, new_mask = self._left_pad(new)
         past_mask = torch.tensor([[0] * (width - n) + [1] * n for n in seen], device=device, dtype=new_mask.dtype)
         positions = (torch.tensor(seen, device=device).unsqueeze(1) + new_mask.cumsum(-1) - 1).clamp(min=0)

@@ -49,7 +49,7 @@ from ponder.rollout import RolloutEngine, RolloutStats
 from ponder.train.batch import collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.models.memory import release_memory
+from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.rewards.hacking import HackingMonitor
@@ -287,6 +287,7 @@ class RLTrainer:
             self.rollouts.begin_step(self.step)
         tasks, trajectories, stats, sampled = self._sample_groups()
         sampled.update(self.rollouts.step_metrics())  # before a prefetch starts the next step's
+        sampled["memory/rollout_peak_gb"] = peak_rss_gb()  # the process's peak so far, as the rollouts end
         if self._prefetching():
             self._prefetch()  # the next step's rollouts run during this update
         else:
@@ -341,6 +342,7 @@ class RLTrainer:
                 "time/logprob_s": logprob_s,
                 "time/update_s": update_s,
                 "throughput/tokens_per_s": stats.tokens_per_s,
+                "memory/peak_gb": peak_rss_gb(),
                 "optim/lr": lr,
                 "policy/kl_coef": self.kl.coef,
             }
