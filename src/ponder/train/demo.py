@@ -12,15 +12,15 @@ from typing import Any, Callable
 
 from ponder.config import Recipe, load_recipe, save_recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe, summarise
+from ponder.eval.gain import paired_by_task, verdict
 from ponder.fileio import atomic_path, write_json_atomic
 from ponder.models.adapters import MANIFEST, load_adapter_weights
+from ponder.models.memory import release_memory
 from ponder.rewards import score_trajectories
 from ponder.train.plot import plot_run, plot_stages
-from ponder.models.memory import release_memory
 from ponder.train.progress import item_progress, training_progress
 from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
 from ponder.train.sft import warm_up
-from ponder.eval.gain import paired_by_task, verdict
 from ponder.types import load_trajectories, save_trajectories
 from ponder.wiring import build_env, build_reward
 

@@ -28,11 +28,11 @@ from ponder.eval.runner import evaluate, held_out_recipe
 from ponder.fileio import write_json_atomic
 from ponder.models import Policy
 from ponder.models.adapters import load_adapter_weights, save_trained
+from ponder.models.memory import release_memory
 from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import action_text, answer_guessing
 from ponder.rewards.math import predicted_answer
 from ponder.rollout import RolloutEngine, ScriptedBackend
-from ponder.models.memory import release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.plot import plot_rounds
 from ponder.train.progress import item_progress

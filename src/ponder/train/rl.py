@@ -43,13 +43,13 @@ from ponder.config import Recipe, to_dict
 from ponder.models import Policy, adapters_disabled, apply_lora, load_policy, trainable_snapshot, weights_swapped
 from ponder.models.cpu_matmul import check_matmul_dtype
 from ponder.models.loading import enable_gradient_checkpointing
+from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine, RolloutStats
 from ponder.train.batch import collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer
 from ponder.rewards.hacking import HackingMonitor

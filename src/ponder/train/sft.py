@@ -15,9 +15,9 @@ from ponder.config import OptimConfig, Recipe, SFTConfig
 from ponder.models import Policy
 from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.forward import forward_policy
+from ponder.models.memory import release_memory
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.batch import collate
-from ponder.models.memory import release_memory
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 
@@ -142,7 +142,9 @@ def recipe_demonstrations(recipe: Recipe, policy: Policy) -> list[Trajectory]:
 
     spec = build_env(recipe, policy.tokenizer)
     kinds = set(recipe.sft.task_kinds)
-    held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]} if recipe.train.val_outside_sft else set()
+    held = set()
+    if recipe.train.val_outside_sft:
+        held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]}
     tasks = [t for t in spec.train if (not kinds or t.kind in kinds) and t.id not in held][: recipe.sft.examples]
     return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction)
 
