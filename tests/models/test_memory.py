@@ -55,3 +55,11 @@ def test_peak_rss_is_the_kernels_high_water_mark():
     with open("/proc/self/status") as status:
         high_water = int(status.read().split("VmHWM:")[1].split()[0]) * 1024 / 1e9
     assert peak_rss_gb() == pytest.approx(high_water, rel=0.05)
+
+
+def test_a_threshold_that_is_not_a_byte_count_is_a_clear_error(monkeypatch):
+    from ponder.models.memory import map_large_blocks
+
+    monkeypatch.setenv("PONDER_MMAP_THRESHOLD", "1M")
+    with pytest.raises(ValueError, match=r"PONDER_MMAP_THRESHOLD='1M': give a number of bytes"):
+        map_large_blocks()
