@@ -26,10 +26,13 @@ SHARED_SECTIONS = ("model", "lora")
 SHARED_SFT_KEYS = ("batch_size", "lr", "warmup_steps")
 
 
-def _shared(section: dict[str, Any]) -> dict[str, Any]:
-    """What must agree: everything but the training products' precision (the first
-    recipe's is used), which does not change the adapter or the model."""
-    return {k: v for k, v in section.items() if k != "base_matmul_dtype"}
+def _shared(name: str, section: dict[str, Any]) -> dict[str, Any]:
+    """What must agree: everything but the keys a warm-up's reuse lets differ
+    (train/demo.py RL_KEYS: the training products' precision; the first recipe's is
+    used), which do not change the adapter or the model."""
+    from ponder.train.demo import RL_KEYS
+
+    return {k: v for k, v in section.items() if k not in RL_KEYS.get(name, ())}
 
 
 def shared_sft(recipes: dict[str, Recipe], where: dict[str, str]) -> SFTConfig:
@@ -41,7 +44,8 @@ def shared_sft(recipes: dict[str, Recipe], where: dict[str, str]) -> SFTConfig:
     for name in names[1:]:
         recipe = recipes[name]
         for section in SHARED_SECTIONS:
-            if _shared(to_dict(getattr(recipe, section))) != _shared(to_dict(getattr(first, section))):
+            ours, theirs = (_shared(section, to_dict(getattr(r, section))) for r in (recipe, first))
+            if ours != theirs:
                 raise ValueError(f"{where[name]}: section '{section}' differs from {where[names[0]]}'s; "
                                  "a shared warm-up trains one adapter of one model")  # fmt: skip
         for key in SHARED_SFT_KEYS:
