@@ -25,7 +25,7 @@ PIPELINE = [
     "lora.r=4", "lora.alpha=8", "pipeline.stages=[warmup, sft, rl, eval]",
 ]  # fmt: skip
 
-TIMING = ("time/", "wall_s", "timing_s", "tokens_per_s", "generation_s", "env_s", "_s")
+TIMING = ("time/", "wall_s", "timing_s", "tokens_per_s", "generation_s", "env_s", "_s", "memory/")
 
 
 def _untimed(value):
