@@ -320,7 +320,8 @@ class RewardConfig:
         (e.g. math's `correct`), a registered one (ponder.rewards.REWARDS, e.g.
         `turn_rewards`, the sum of the environment's per-turn rewards;
         `search_cost_if_correct`, searches of right answers only;
-        `search_cost_excess`, searches beyond the task's needed hops) or an import
+        `search_cost_excess`, searches beyond the task's needed hops; `plan_kept`,
+        1 when the searches match the lookup count the first thought opens with) or an import
         path `module:function` to your own (trajectory, task) -> float | None.
         A name here also overrides the environment's default weight for it.
     shaping: reward-hacking penalties (ShapingConfig).

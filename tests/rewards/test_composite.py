@@ -4,7 +4,7 @@ import pytest
 
 from ponder.config import RewardConfig
 from ponder.rewards import REWARDS, CompositeReward, score_trajectories
-from ponder.rewards.search import search_calls, search_calls_excess, search_calls_if_correct
+from ponder.rewards.search import plan_kept, search_calls, search_calls_excess, search_calls_if_correct
 from ponder.types import Task, ToolCall, Trajectory, Turn
 
 
@@ -56,6 +56,36 @@ def test_search_cost_excess_charges_unneeded_searches_only():
     assert search_calls_excess(shuffled, single) == search_calls_excess(two, single)
 
 
+def _planned(plan, n_searches, answer="the red barn"):
+    episode = _episode(answer=answer, n_searches=n_searches)
+    episode.turns[0].action = f"<think>{plan} I need the company first.</think>\n" + episode.turns[0].action
+    return episode
+
+
+def test_plan_kept_when_the_searches_match_the_count_written_first():
+    task = Task(id="t", question="q", answers=["red barn"], needs_search=True, metadata={"hops": [{"r": 1}]})
+    assert plan_kept(_planned("Two lookups.", 2), task) == 1.0
+    assert plan_kept(_planned("One lookup.", 1), task) == 1.0
+    assert plan_kept(_planned("No lookup needed.", 0), task) == 1.0
+    assert plan_kept(_planned("One lookup.", 2), task) == 0.0  # searched again after planning one
+    assert plan_kept(_planned("Two lookups.", 1), task) == 0.0
+    assert plan_kept(_episode(n_searches=1), task) == 0.0  # no count written
+    assert plan_kept(_planned("Three lookups.", 3), task) == 0.0  # not a count the protocol has
+    late = _episode(n_searches=1)
+    late.turns[1].action = "<think>One lookup.</think>" + late.turns[1].action
+    assert plan_kept(late, task) == 0.0  # the count must open the first thought
+    assert plan_kept(Trajectory(task_id="t", prompt_ids=[1]), task) == 0.0
+    # hand-computed: a right answer after two searches, 1 + 0.1 - 0.1*2, plus 0.1 when it planned two
+    reward = CompositeReward({"em": 1.0, "format": 0.1, "search_cost": -0.1, "plan_kept": 0.1})
+    assert reward(_planned("Two lookups.", 2), task)[0] == pytest.approx(1.0)
+    assert reward(_planned("One lookup.", 2), task)[0] == pytest.approx(0.9)
+    # invariance: it reads what the episode did, never what the task needs or the answer
+    multi = Task(id="t", question="q", answers=["x"], needs_search=True, metadata={"hops": [{"r": 1}, {"r": 2}]})
+    in_prompt = Task(id="t", question="q", answers=["x"], needs_search=False)
+    for episode in (_planned("One lookup.", 1), _planned("One lookup.", 2), _planned("Two lookups.", 2, "no")):
+        assert plan_kept(episode, task) == plan_kept(episode, multi) == plan_kept(episode, in_prompt)
+
+
 def test_total_is_hand_computed_weighted_sum():
     task = Task(id="t", question="q", answers=["big red barn"])
     reward = CompositeReward({"em": 1.0, "f1": 0.5, "format": 0.1, "search_cost": -0.05})
@@ -77,7 +107,7 @@ def test_from_config_reads_weights():
 
 
 def test_unknown_component_lists_valid_names():
-    with pytest.raises(ValueError, match="bleu.*em, f1, format, search_cost"):
+    with pytest.raises(ValueError, match="bleu.*em, f1, format, plan_kept, search_cost"):
         CompositeReward({"em": 1.0, "bleu": 1.0})
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ponder.rewards.format import format_compliance
 from ponder.rewards.qa import exact_match, token_f1
-from ponder.rewards.search import search_calls, search_calls_excess, search_calls_if_correct
+from ponder.rewards.search import plan_kept, search_calls, search_calls_excess, search_calls_if_correct
 from ponder.types import Task, Trajectory
 
 RewardFn = Callable[[Trajectory, Task], float | None]
@@ -29,6 +29,7 @@ REWARDS: dict[str, RewardFn] = {
     "search_cost": search_calls,
     "search_cost_if_correct": search_calls_if_correct,
     "search_cost_excess": search_calls_excess,
+    "plan_kept": plan_kept,
     "turn_rewards": turn_rewards_total,
 }
 SEARCH_QA_COMPONENTS = ("em", "f1", "format", "search_cost")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+from ponder.envs.synthetic import PLANS
 from ponder.rewards.qa import exact_match
 from ponder.types import Task, Trajectory
 
@@ -42,3 +45,23 @@ def search_calls_excess(trajectory: Trajectory, task: Task) -> float | None:
     if needed is None:
         return None
     return max(0.0, search_calls(trajectory, task) - needed)
+
+
+PLAN_OPENING = re.compile(r"\s*<think>\s*(" + "|".join(re.escape(plan) for plan in PLANS) + ")")
+
+
+def plan_kept(trajectory: Trajectory, task: Task) -> float:
+    """1 when the episode's first thought opens with a lookup count (envs/synthetic.py
+    PLANS: "No lookup needed.", "One lookup.", "Two lookups.") and the episode then made
+    exactly that many searches; 0 with no count or another number of searches.
+
+    It reads only what the policy wrote and did, never what the task needs, so the
+    outcome reward still decides which count pays. With a small positive weight the
+    searches are tied to the count written before any search result was seen: a right
+    multi-hop answer after "One lookup." and two searches scores below the same answer
+    after "Two lookups.", so the credit for the needed second search reaches the count,
+    where the question alone decides it (docs/results.md, "The plan kept")."""
+    opening = PLAN_OPENING.match(trajectory.turns[0].action) if trajectory.turns else None
+    if opening is None:
+        return 0.0
+    return float(PLANS.index(opening.group(1)) == search_calls(trajectory, task))
