@@ -420,12 +420,16 @@ def _add_reuse_flags(parser: argparse.ArgumentParser, resume: str) -> None:
 
 def cmd_gain(args: argparse.Namespace) -> int:
 
-    from ponder.eval.gain import gain_table, load_evaluation, load_stage_pair, runs_table
+    from ponder.eval.gain import gain_table, load_evaluation, load_stage_pair, reward_weights, runs_table
 
-    pairs = [load_stage_pair(run, args.before, args.after, args.metric) for run in args.runs]
-    more = [load_evaluation(path, args.metric) for path in args.more_before]
+    metric = reward_weights(args.reward_of) if args.reward_of else args.metric
+    pairs = [load_stage_pair(run, args.before, args.after, metric) for run in args.runs]
+    more = [load_evaluation(path, metric) for path in args.more_before]
     if args.metric:
         _console().print(f"scored by the reward component '{args.metric}', not the total reward")
+    if args.reward_of:
+        paid = " ".join(f"{weight:+g}·{name}" for name, weight in metric.items() if weight)
+        _console().print(f"scored by the reward of {args.reward_of}: {paid}")
     if args.each:
         table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after, more)
     else:
@@ -499,9 +503,13 @@ def _add_training_commands(commands: Any) -> None:
     gain.add_argument("--more-before", nargs="+", default=[], metavar="EVAL",
                       help="more evaluations of the --before model (`ponder eval` output directories or parquet "
                       "files, e.g. other sampling seeds), averaged into each task's before")  # fmt: skip
-    gain.add_argument("--metric", metavar="COMPONENT",
-                      help="compare one reward component instead of the total reward, e.g. math's verified "
-                      "`correct` when the runs were paid different rewards (a process reward, a hackable one)")
+    scoring = gain.add_mutually_exclusive_group()
+    scoring.add_argument("--metric", metavar="COMPONENT",
+                         help="compare one reward component instead of the total reward, e.g. math's verified "
+                         "`correct` when the runs were paid different rewards (a process reward, a hackable one)")
+    scoring.add_argument("--reward-of", metavar="RECIPE",
+                         help="score every episode by RECIPE's reward (its weights over the components each "
+                         "episode logged), e.g. a shaped variant read by the shipped recipe's reward")
     gain.set_defaults(handler=cmd_gain)
 
 

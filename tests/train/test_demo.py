@@ -10,7 +10,7 @@ import torch
 from ponder.config import ConfigError, load_recipe
 from ponder.eval import evaluate, held_out_recipe
 from ponder.eval.gain import (
-    StagePair, load_stage_pair, paired_gain, runs_table, search_split, searches_by_kind, stage_gain,
+    StagePair, load_stage_pair, paired_gain, reward_weights, runs_table, search_split, searches_by_kind, stage_gain,
 )
 from ponder.fileio import dumps_strict
 from ponder.models.adapters import saved_weights
@@ -211,6 +211,15 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     assert em.after == pytest.approx(results["stages"]["sft"]["components"]["em"])
     with pytest.raises(ValueError, match=r"eval-base.parquet: episode of task '.+' has no reward component 'nope'"):
         load_stage_pair(out, "base", "sft", metric="nope")
+    # weights over components (`ponder gain --reward-of RECIPE`): the run's own weights give its totals
+    weights = reward_weights(out / "recipe.yaml")
+    assert weights == {"em": 1.0, "f1": 0.0, "format": 0.1, "search_cost": -0.05}  # TINY's reward
+    own = stage_gain([load_stage_pair(out, "base", "sft", metric=weights)])
+    assert (own.before, own.after) == (pytest.approx(one.before), pytest.approx(one.after))
+    doubled = stage_gain([load_stage_pair(out, "base", "sft", metric={"em": 2.0, "format": 0.2, "search_cost": -0.2})])
+    assert doubled.gain == pytest.approx(2 * one.gain)  # hand-computed: every weight doubled
+    with pytest.raises(ValueError, match=r"has no reward component 'plan_kept'"):
+        load_stage_pair(out, "base", "sft", metric={**weights, "plan_kept": 0.1})
 
 
 def _scored(task_id: str, reward: float) -> Trajectory:

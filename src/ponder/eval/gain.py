@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -77,28 +77,49 @@ class StagePair:
     before_source: str = ""
 
 
-def scored_by(trajectories: list[Trajectory], metric: str | None, source: str) -> list[Trajectory]:
+Scoring = str | Mapping[str, float] | None  # one reward component, or weights over components
+
+
+def scored_by(trajectories: list[Trajectory], metric: Scoring, source: str) -> list[Trajectory]:
     """The episodes with one reward component (e.g. math's verified `correct`, logged
-    at any weight) in place of the total reward, so every gain table compares it;
-    `metric` None: unchanged. An episode without that component is an error naming
-    `source` and the components it has, never a silent 0."""
+    at any weight) in place of the total reward, or with a weighted sum of components
+    ({name: weight}, e.g. another recipe's reward: reward_weights), so every gain
+    table compares it; `metric` None: unchanged. An episode without a component that
+    has a weight is an error naming `source` and the components it has, never a
+    silent 0."""
     if metric is None:
         return trajectories
+    weights = {metric: 1.0} if isinstance(metric, str) else {k: w for k, w in metric.items() if w != 0}
     scored = []
     for trajectory in trajectories:
-        if metric not in trajectory.breakdown:
+        missing = [name for name in weights if name not in trajectory.breakdown]
+        if missing:
             have = ", ".join(sorted(trajectory.breakdown)) or "none"
             raise ValueError(f"{source}: episode of task '{trajectory.task_id}' has no reward component "
-                             f"'{metric}' (it has: {have})")  # fmt: skip
-        scored.append(replace(trajectory, reward=trajectory.breakdown[metric]))
+                             f"'{missing[0]}' (it has: {have})")  # fmt: skip
+        total = sum(weight * trajectory.breakdown[name] for name, weight in weights.items())
+        scored.append(replace(trajectory, reward=total))
     return scored
 
 
-def load_stage_pair(
-    run_dir: str | Path, before: str = "sft", after: str = "rl", metric: str | None = None
-) -> StagePair:
+def reward_weights(recipe_path: str | Path) -> dict[str, float]:
+    """The reward weights a recipe pays ({component: weight}: its environment's defaults
+    updated by reward.terms, the shaping penalties and the judge), for scored_by: the
+    runs of a shaped variant read by the shipped recipe's reward."""
+    from ponder.rewards import CompositeReward
+    from ponder.wiring import build_env
+
+    recipe = load_recipe(recipe_path)
+    spec = build_env(recipe)
+    weights = CompositeReward.from_config(recipe.reward, spec.rewards, spec.reward_weights).weights
+    if recipe.reward.judge.weight != 0:
+        weights["judge"] = recipe.reward.judge.weight
+    return weights
+
+
+def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl", metric: Scoring = None) -> StagePair:
     """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder
-    demo`); `metric` scores them by one reward component (scored_by)."""
+    demo`); `metric` scores them by one reward component or weights (scored_by)."""
     from ponder.wiring import build_env
 
     run_dir = Path(run_dir)
@@ -121,7 +142,7 @@ def load_stage_pair(
     return StagePair(first, [by_task[t.task_id] for t in first], kinds, needed, source)
 
 
-def load_evaluation(path: str | Path, metric: str | None = None) -> tuple[str, list[Trajectory]]:
+def load_evaluation(path: str | Path, metric: Scoring = None) -> tuple[str, list[Trajectory]]:
     """(content hash, episodes) of an evaluation: a parquet file or a `ponder eval`
     output directory (its trajectories.parquet); `metric` as in load_stage_pair."""
     path = Path(path)
