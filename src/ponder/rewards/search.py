@@ -59,8 +59,10 @@ def plan_kept(trajectory: Trajectory, task: Task) -> float:
     outcome reward still decides which count pays. With a small positive weight the
     searches are tied to the count written before any search result was seen: a right
     multi-hop answer after "One lookup." and two searches scores below the same answer
-    after "Two lookups.", so the credit for the needed second search reaches the count,
-    where the question alone decides it (docs/results.md, "The plan kept")."""
+    after "Two lookups.", and a second search after "One lookup." pays only where it
+    turns a wrong answer right. In the demo it removed single-hop questions' redundant
+    second searches; the count itself stayed one for every kind on most seeds
+    (docs/results.md, "The plan kept")."""
     opening = PLAN_OPENING.match(trajectory.turns[0].action) if trajectory.turns else None
     if opening is None:
         return 0.0
