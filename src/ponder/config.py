@@ -447,6 +447,11 @@ class AlgoConfig:
         vllm), the trainer recomputes the old log-probs and weights each token's loss
         by min(exp(old − sampler), tis_cap) (truncated importance sampling); null = no
         weight. The hf backend's log-probs are the trainer's: nothing is recomputed.
+    sft_coef: weight of the SFT loss on the recipe's warm-up demonstrations (section
+        `sft`: the same tasks and replies) added to every optimizer step, sft_rows
+        demonstrations a step in seeded shuffled epochs (InstructGPT's PPO-ptx): it
+        holds what the warm-up taught, such as when to decline, while RL moves the
+        rest; 0 = off (no demonstrations built).
     (ponder.algos.AdvantageConfig and LossConfig document each in full.)
     """
 
@@ -481,6 +486,8 @@ class AlgoConfig:
     max_refills: int = 2
     tis_cap: float | None = 2.0
     max_staleness: int = 1
+    sft_coef: float = 0.0
+    sft_rows: int = 4
 
 
 @dataclass

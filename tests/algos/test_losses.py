@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ponder.algos import LossConfig, entropy_bonus, policy_loss, value_loss
+from ponder.algos import LossConfig, demonstration_nll, entropy_bonus, policy_loss, value_loss
 
 T = torch.tensor
 HUGE = 1e30
@@ -145,3 +145,20 @@ def test_entropy_bonus_is_negative_entropy_on_policy_tokens():
     # [−0.7, −1.2, masked 0]
     out = entropy_bonus(T([[0.7, 1.2, HUGE]]), T([[1, 1, 0]]))
     torch.testing.assert_close(out, T([[-0.7, -1.2, 0.0]]))
+
+
+def test_demonstration_nll_hand_example():
+    logprobs = T([[-1.0, -2.0, -3.0], [-0.5, -4.0, 0.0]])
+    mask = T([[1, 1, 0], [1, 0, 0]])
+    assert float(demonstration_nll(logprobs, mask, 3.0)) == pytest.approx((1 + 2 + 0.5) / 3)
+
+
+def test_demonstration_nll_micro_batches_add_up_and_ignore_masked_tokens():
+    logprobs = torch.randn(4, 5, generator=torch.Generator().manual_seed(0)) - 2
+    mask = (torch.rand(4, 5, generator=torch.Generator().manual_seed(1)) > 0.3).float()
+    tokens = float(mask.sum())
+    whole = demonstration_nll(logprobs, mask, tokens)
+    parts = demonstration_nll(logprobs[:1], mask[:1], tokens) + demonstration_nll(logprobs[1:], mask[1:], tokens)
+    assert float(parts) == pytest.approx(float(whole), rel=1e-6)
+    noisy = torch.where(mask > 0, logprobs, T(-1e4))
+    assert float(demonstration_nll(noisy, mask, tokens)) == pytest.approx(float(whole), rel=1e-6)

@@ -161,6 +161,18 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _zero_off(-entropy, mask)
 
 
+def demonstration_nll(logprobs: torch.Tensor, mask: torch.Tensor, tokens: float) -> torch.Tensor:
+    """Negative log-likelihood of demonstration tokens, summed and divided by `tokens`.
+
+    logprobs: [B, T] the policy's log-probs of the demonstrated tokens; mask: [B, T],
+    1 on the tokens to imitate (the policy's turns), 0 on prompt, observations and
+    padding; tokens: the demonstration batch's mask sum, so micro-batches of one batch
+    add up to its exact token mean. The SFT loss, and the anchor an RL update can mix
+    in (AlgoConfig.sft_coef, InstructGPT's PPO-ptx).
+    """
+    return -(logprobs * mask).sum() / max(tokens, 1.0)
+
+
 def tis_weights(
     old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, loss_mask: torch.Tensor, cap: float
 ) -> torch.Tensor:

@@ -56,7 +56,7 @@ from ponder.rewards.hacking import HackingMonitor
 from ponder.train.rl_metrics import episode_metrics, episode_table, hacking_step_metrics
 from ponder.train.sampler import build_sampler
 from ponder.train.tracking import check_trackers
-from ponder.train.sft import BEHAVIOURS
+from ponder.train.sft import BEHAVIOURS, cycled_order, recipe_demonstrations
 from ponder.train.optim import NonFiniteError
 from ponder.train.update import (
     TrainingError,
@@ -162,7 +162,9 @@ class RLTrainer:
     None, breakdown dict), like CompositeReward), the generation backend, and the
     recipe's settings. `from_recipe` builds them all from a recipe (ponder.wiring).
     val_tasks: a validation split (never trained on) that chooses the kept weights
-    every train.eval_every steps (ponder.train.validation).
+    every train.eval_every steps (ponder.train.validation). With algo.sft_coef > 0
+    the recipe's SFT demonstrations are built too, and every update imitates
+    algo.sft_rows of them (`demonstration_batch`).
     `rollouts` (default: this process's engine) is where episodes come from;
     `use_rollouts` replaces it (e.g. with Ray workers).
     """
@@ -178,6 +180,7 @@ class RLTrainer:
         self.policy, self.backend, self.reward = policy, backend, reward
         self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
         self.best = BestSoFar(cfg.patience)
+        self.demonstrations = recipe_demonstrations(recipe, policy) if recipe.algo.sft_coef > 0 else []
         self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
         self.rollouts: Rollouts = LocalRollouts(self.engine)
         hidden = self.policy.model.config.hidden_size
@@ -402,7 +405,18 @@ class RLTrainer:
         return UpdateInputs(
             self.policy, self.value_head, recipe.algo, self.loss_config(), recipe.rollout.sampling.temperature,
             self.kl.coef, self._trainable(), self.optimizer, self.scheduler, recipe.optim.max_grad_norm,
+            self.demonstration_batch(),
         )  # fmt: skip
+
+    def demonstration_batch(self) -> Any:
+        """This step's algo.sft_rows demonstrations (None without algo.sft_coef): the
+        step-th slice of seeded shuffled epochs over them, so a resumed run takes the
+        same ones."""
+        if not self.demonstrations:
+            return None
+        rows, seed = self.recipe.algo.sft_rows, self.recipe.train.seed
+        order = cycled_order(len(self.demonstrations), (self.step + 1) * rows, seed)[self.step * rows :]
+        return collate([self.demonstrations[i] for i in order], self.policy.tokenizer.pad_token_id)
 
     def loss_config(self) -> LossConfig:
         algo = self.recipe.algo
@@ -542,8 +556,8 @@ def _starting_weights(model: Any) -> dict[str, torch.Tensor] | None:
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
     KL, std scope, tracker, SFT behaviour or matmul precision, for wandb named but not installed, for an SFT
-    oracle_fraction outside [0, 1], and for micro-batch sizes below 1 (update) or 0
-    (no-grad passes)."""
+    oracle_fraction outside [0, 1], a negative algo.sft_coef or sft_rows below 1, and
+    for micro-batch sizes below 1 (update) or 0 (no-grad passes)."""
     if recipe.sft.behaviour not in BEHAVIOURS:
         raise ValueError(f"sft.behaviour: unknown '{recipe.sft.behaviour}'; valid: {', '.join(BEHAVIOURS)}")
     if not 0.0 <= recipe.sft.oracle_fraction <= 1.0:
@@ -564,6 +578,9 @@ def check_recipe(recipe: Recipe) -> None:
     if recipe.train.async_rollouts and recipe.algo.max_staleness < 1:
         raise ValueError("train.async_rollouts samples one step behind the update: it needs algo.max_staleness >= 1, "
                          f"got {recipe.algo.max_staleness}")  # fmt: skip
+    if recipe.algo.sft_coef < 0 or recipe.algo.sft_rows < 1:
+        raise ValueError(f"algo.sft_coef must be >= 0 and algo.sft_rows >= 1, got {recipe.algo.sft_coef} and "
+                         f"{recipe.algo.sft_rows}")  # fmt: skip
     if recipe.algo.micro_batch_size < 1 or recipe.algo.logprob_micro_batch_size < 0:
         raise ValueError(
             f"algo.micro_batch_size must be >= 1 and algo.logprob_micro_batch_size >= 0 (0: same as micro_batch_size), "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from ponder.algos import demonstration_nll
 from ponder.config import OptimConfig, Recipe, SFTConfig
 from ponder.models import Policy
 from ponder.models.cpu_threads import step_threads, torch_threads
@@ -96,7 +97,7 @@ def sft_train(
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optim_config = OptimConfig(lr=config.lr, warmup_steps=config.warmup_steps, schedule="constant")
     optimizer, scheduler = build_optimizer(params, optim_config, config.steps)
-    order = _cycled_order(len(demonstrations), config.steps * config.batch_size, seed)
+    order = cycled_order(len(demonstrations), config.steps * config.batch_size, seed)
     history = []
     policy.model.train()
     for step in range(config.steps):
@@ -110,7 +111,7 @@ def sft_train(
                 logprobs, _, _ = forward_policy(
                     policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask
                 )
-                loss = -(logprobs * part.loss_mask).sum() / tokens  # exact token mean across micro-batches
+                loss = demonstration_nll(logprobs, part.loss_mask, tokens)  # exact token mean across micro-batches
                 loss.backward()
             total += float(loss.detach())
         grad_norm, lr = optimizer_step(params, optimizer, scheduler, 1.0)
@@ -123,7 +124,8 @@ def sft_train(
     return history
 
 
-def _cycled_order(n: int, length: int, seed: int) -> list[int]:
+def cycled_order(n: int, length: int, seed: int) -> list[int]:
+    """`length` indices into n items: seeded shuffles of range(n), one after another."""
     rng = random.Random(seed)
     order: list[int] = []
     while len(order) < length:

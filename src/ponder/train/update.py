@@ -18,6 +18,7 @@ from ponder.algos import (
     LossConfig,
     aggregate,
     aggregation_denominator,
+    demonstration_nll,
     entropy_bonus,
     kl_estimate,
     policy_loss,
@@ -39,8 +40,9 @@ from ponder.train.optim import NonFiniteError, optimizer_step
 class UpdateInputs:
     """Everything an RL update reads besides the batch: the policy (and value head),
     the algorithm's settings, the loss config, the sampling temperature the
-    log-probs are taken at, the KL coefficient now, and the optimizer with its
-    schedule, parameters and clipping norm."""
+    log-probs are taken at, the KL coefficient now, the optimizer with its
+    schedule, parameters and clipping norm, and the step's demonstrations (with
+    algo.sft_coef > 0: their SFT loss joins every optimizer step)."""
 
     policy: Policy
     value_head: ValueHead | None
@@ -52,6 +54,7 @@ class UpdateInputs:
     optimizer: Any
     scheduler: Any
     max_grad_norm: float | None
+    demonstrations: TokenBatch | None = None
 
 
 @torch.no_grad()
@@ -144,6 +147,8 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
         weight = float(part.loss_mask.sum()) / max(tokens, 1.0)
         for key, value in part_stats.items():
             stats[key] += value * weight
+    if inputs.demonstrations is not None:
+        stats["loss/sft"] = _demonstration_backward(inputs, inputs.demonstrations)
     grad_norm, _ = optimizer_step(inputs.params, inputs.optimizer, inputs.scheduler, inputs.max_grad_norm)
     stats["optim/grad_norm"] = grad_norm
     # The loss over the whole mini-batch (idle rows' is exactly 0); policy/* over the rows run.
@@ -151,6 +156,25 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
     stats["loss/policy"] = stats["loss/policy"] * tokens / max(all_tokens, 1.0)
     stats["update/idle_rows"] = float(len(mini) - len(rows))
     return dict(stats)
+
+
+def _demonstration_backward(inputs: UpdateInputs, demonstrations: TokenBatch) -> float:
+    """Accumulate algo.sft_coef × the demonstrations' token-mean NLL (at temperature 1,
+    the warm-up's loss) into the optimizer step's gradient; returns the NLL."""
+    tokens = float(demonstrations.loss_mask.sum())
+    total = 0.0
+    for start in range(0, len(demonstrations), inputs.algo.micro_batch_size):
+        rows = list(range(start, min(start + inputs.algo.micro_batch_size, len(demonstrations))))
+        part = demonstrations.select(rows).to(inputs.policy.device)
+        with torch_threads(step_threads()):
+            logprobs, _, _ = forward_policy(inputs.policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
+            nll = demonstration_nll(logprobs, part.loss_mask, tokens)
+            if not torch.isfinite(nll):
+                inputs.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteError("SFT loss on the demonstrations is NaN or infinite")
+            (inputs.algo.sft_coef * nll).backward()
+        total += float(nll.detach())
+    return total
 
 
 def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
