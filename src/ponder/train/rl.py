@@ -47,7 +47,7 @@ from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine, RolloutStats
-from ponder.train.batch import collate
+from ponder.train.batch import TokenBatch, collate
 from ponder.models.adapters import load_adapter_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ponder.train.metrics_log import MetricsLog
@@ -408,7 +408,7 @@ class RLTrainer:
             self.demonstration_batch(),
         )  # fmt: skip
 
-    def demonstration_batch(self) -> Any:
+    def demonstration_batch(self) -> TokenBatch | None:
         """This step's algo.sft_rows demonstrations (None without algo.sft_coef): the
         step-th slice of seeded shuffled epochs over them, so a resumed run takes the
         same ones."""
