@@ -18,7 +18,7 @@ from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.forward import forward_policy
 from ponder.models.memory import release_memory
 from ponder.rollout import RolloutEngine, ScriptedBackend
-from ponder.train.batch import collate
+from ponder.train.batch import TokenBatch, collate
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 
@@ -103,17 +103,7 @@ def sft_train(
     for step in range(config.steps):
         rows = order[step * config.batch_size : (step + 1) * config.batch_size]
         batch = collate([demonstrations[i] for i in rows], policy.tokenizer.pad_token_id)
-        tokens = float(batch.loss_mask.sum())
-        total = 0.0
-        for start in range(0, len(batch), micro_batch_size):
-            part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
-            with torch_threads(step_threads()):  # fewer while other processes hold the cores
-                logprobs, _, _ = forward_policy(
-                    policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask
-                )
-                loss = demonstration_nll(logprobs, part.loss_mask, tokens)  # exact token mean across micro-batches
-                loss.backward()
-            total += float(loss.detach())
+        total = imitation_backward(policy, batch, micro_batch_size)
         grad_norm, lr = optimizer_step(params, optimizer, scheduler, 1.0)
         release_memory()  # the step's activations, before the next step allocates its own
         metrics = {"sft/loss": total, "sft/grad_norm": grad_norm, "sft/lr": lr}
@@ -122,6 +112,22 @@ def sft_train(
             on_step(step + 1, metrics)
     policy.model.eval()
     return history
+
+
+def imitation_backward(policy: Policy, batch: TokenBatch, micro_batch_size: int, scale: float = 1.0) -> float:
+    """Accumulate scale × the batch's token-mean NLL on its policy tokens into the
+    gradients, in micro-batches (exact: each divides by the whole batch's token count);
+    returns the NLL. The SFT step's loss, and the RL update's anchor (algo.sft_coef)."""
+    tokens = float(batch.loss_mask.sum())
+    total = 0.0
+    for start in range(0, len(batch), micro_batch_size):
+        part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
+        with torch_threads(step_threads()):  # fewer while other processes hold the cores
+            logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
+            nll = demonstration_nll(logprobs, part.loss_mask, tokens)
+            (scale * nll).backward()
+        total += float(nll.detach())
+    return total
 
 
 def cycled_order(n: int, length: int, seed: int) -> list[int]:

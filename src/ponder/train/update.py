@@ -7,6 +7,7 @@ mini-batch of 8 in micro-batches of 1 gives the same gradient as one pass of 8.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from ponder.algos import (
     LossConfig,
     aggregate,
     aggregation_denominator,
-    demonstration_nll,
     entropy_bonus,
     kl_estimate,
     policy_loss,
@@ -34,6 +34,7 @@ from ponder.models.forward import forward_policy
 from ponder.models.value_head import ValueHead
 from ponder.train.batch import TokenBatch
 from ponder.train.optim import NonFiniteError, optimizer_step
+from ponder.train.sft import imitation_backward
 
 
 @dataclass
@@ -161,20 +162,11 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
 def _demonstration_backward(inputs: UpdateInputs, demonstrations: TokenBatch) -> float:
     """Accumulate algo.sft_coef × the demonstrations' token-mean NLL (at temperature 1,
     the warm-up's loss) into the optimizer step's gradient; returns the NLL."""
-    tokens = float(demonstrations.loss_mask.sum())
-    total = 0.0
-    for start in range(0, len(demonstrations), inputs.algo.micro_batch_size):
-        rows = list(range(start, min(start + inputs.algo.micro_batch_size, len(demonstrations))))
-        part = demonstrations.select(rows).to(inputs.policy.device)
-        with torch_threads(step_threads()):
-            logprobs, _, _ = forward_policy(inputs.policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
-            nll = demonstration_nll(logprobs, part.loss_mask, tokens)
-            if not torch.isfinite(nll):
-                inputs.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteError("SFT loss on the demonstrations is NaN or infinite")
-            (inputs.algo.sft_coef * nll).backward()
-        total += float(nll.detach())
-    return total
+    nll = imitation_backward(inputs.policy, demonstrations, inputs.algo.micro_batch_size, inputs.algo.sft_coef)
+    if not math.isfinite(nll):
+        inputs.optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError("SFT loss on the demonstrations is NaN or infinite")
+    return nll
 
 
 def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
