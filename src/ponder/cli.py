@@ -423,7 +423,13 @@ def cmd_gain(args: argparse.Namespace) -> int:
     from ponder.eval.gain import gain_table, load_evaluation, load_stage_pair, reward_weights, runs_table
 
     metric = reward_weights(args.reward_of) if args.reward_of else args.metric
-    pairs = [load_stage_pair(run, args.before, args.after, metric) for run in args.runs]
+    if args.versus and len(args.versus) != len(args.runs):
+        raise ValueError(f"--versus names {len(args.versus)} run(s) for {len(args.runs)} RUN_DIR(s); "
+                         "give one control per run, in the same order")  # fmt: skip
+    before = args.before or (args.after if args.versus else "sft")
+    controls = args.versus or [None] * len(args.runs)
+    pairs = [load_stage_pair(run, before, args.after, metric, control) for run, control in zip(args.runs, controls)]
+    label = f"{before} of --versus" if args.versus else before
     more = [load_evaluation(path, metric) for path in args.more_before]
     if args.metric:
         _console().print(f"scored by the reward component '{args.metric}', not the total reward")
@@ -431,9 +437,9 @@ def cmd_gain(args: argparse.Namespace) -> int:
         paid = " ".join(f"{weight:+g}·{name}" for name, weight in metric.items() if weight)
         _console().print(f"scored by the reward of {args.reward_of}: {paid}")
     if args.each:
-        table = runs_table(pairs, [str(run) for run in args.runs], args.before, args.after, more)
+        table = runs_table(pairs, [str(run) for run in args.runs], label, args.after, more)
     else:
-        table = gain_table(pairs, args.before, args.after, more)
+        table = gain_table(pairs, label, args.after, more)
     _console().print(table)
     return 0
 
@@ -496,7 +502,11 @@ def _add_training_commands(commands: Any) -> None:
         "evaluation shared by --sft-from runs counts once), then paired over tasks.",
     )  # fmt: skip
     gain.add_argument("runs", nargs="+", metavar="RUN_DIR", help="`ponder demo` output directories")
-    gain.add_argument("--before", default="sft", choices=["base", "sft", "rl"], help="baseline stage (default sft)")
+    gain.add_argument("--before", choices=["base", "sft", "rl"],
+                      help="baseline stage (default sft; with --versus, the --after stage)")
+    gain.add_argument("--versus", nargs="+", metavar="CONTROL_DIR",
+                      help="read the baseline from these runs instead, one per RUN_DIR in the same order "
+                      "(e.g. each seed's control without RL's signal): the gain of each run over its control")
     gain.add_argument("--after", default="rl", choices=["base", "sft", "rl"], help="stage compared (default rl)")
     gain.add_argument("--each", action="store_true",
                       help="one row per run instead of pooling (compare algorithms or settings side by side)")

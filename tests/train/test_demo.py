@@ -3,10 +3,12 @@ warm-up for another RL variant (`--sft-from`)."""
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
+from ponder.cli import main
 from ponder.config import ConfigError, load_recipe
 from ponder.eval import evaluate, held_out_recipe
 from ponder.eval.gain import (
@@ -220,6 +222,25 @@ def test_stage_gain_pools_runs_and_splits_by_kind(first):
     assert doubled.gain == pytest.approx(2 * one.gain)  # hand-computed: every weight doubled
     with pytest.raises(ValueError, match=r"has no reward component 'plan_kept'"):
         load_stage_pair(out, "base", "sft", metric={**weights, "plan_kept": 0.1})
+
+
+def test_gain_versus_a_control_reads_the_baseline_from_the_control(first, tmp_path, capsys):
+    """--versus: each run's RL evaluation paired with its control's; a control whose RL
+    evaluation is this run's SFT one gives exactly the run's RL − SFT gain."""
+    out, results = first
+    control = tmp_path / "control"
+    control.mkdir()
+    shutil.copy(out / "recipe.yaml", control / "recipe.yaml")
+    shutil.copy(out / "eval-sft.parquet", control / "eval-rl.parquet")
+    versus = stage_gain([load_stage_pair(out, "rl", "rl", versus=control)])
+    assert versus.gain == pytest.approx(results["rl_gain"]["gain"])
+    assert versus.before == pytest.approx(results["stages"]["sft"]["reward"])
+    assert main(["gain", str(out), "--versus", str(control)]) == 0
+    assert "rl of --versus" in capsys.readouterr().out
+    assert main(["gain", str(out), str(out), "--versus", str(control)]) == 2
+    assert "--versus names 1 run(s) for 2 RUN_DIR(s)" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="eval-sft.parquet: missing"):
+        load_stage_pair(out, "sft", "rl", versus=control)
 
 
 def _scored(task_id: str, reward: float) -> Trajectory:

@@ -117,20 +117,23 @@ def reward_weights(recipe_path: str | Path) -> dict[str, float]:
     return weights
 
 
-def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl", metric: Scoring = None) -> StagePair:
+def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl", metric: Scoring = None,
+                    versus: str | Path | None = None) -> StagePair:
     """Read RUN_DIR/eval-<before>.parquet and eval-<after>.parquet (written by `ponder
-    demo`); `metric` scores them by one reward component or weights (scored_by)."""
+    demo`); `metric` scores them by one reward component or weights (scored_by).
+    `versus`: read the before stage from that run instead (a control: the same seed
+    with one ingredient taken away), so the gain is RUN_DIR's over the control's."""
     from ponder.wiring import build_env
 
     run_dir = Path(run_dir)
-    paths = [run_dir / f"eval-{stage}.parquet" for stage in (before, after)]
+    paths = [Path(versus or run_dir) / f"eval-{before}.parquet", run_dir / f"eval-{after}.parquet"]
     for path in paths:
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing; run `ponder demo --out {run_dir}` first")
+            raise FileNotFoundError(f"{path}: missing; run `ponder demo --out {path.parent}` first")
     first, second = (scored_by(load_trajectories(p), metric, str(p)) for p in paths)
     by_task = {t.task_id: t for t in second}
     if sorted(by_task) != sorted(t.task_id for t in first):
-        raise ValueError(f"{run_dir}: stages '{before}' and '{after}' evaluated different tasks")
+        raise ValueError(f"{paths[0]} and {paths[1]} evaluated different tasks")
     recipe = load_recipe(run_dir / "recipe.yaml")
     tasks = {t.id: t for t in build_env(recipe).eval}  # any environment's held-out tasks
     missing = sorted({t.task_id for t in first} - set(tasks))
