@@ -429,7 +429,7 @@ def cmd_gain(args: argparse.Namespace) -> int:
     before = args.before or (args.after if args.versus else "sft")
     controls = args.versus or [None] * len(args.runs)
     pairs = [load_stage_pair(run, before, args.after, metric, control) for run, control in zip(args.runs, controls)]
-    label = f"{before} of --versus" if args.versus else before
+    label = "control" if args.versus else before
     more = [load_evaluation(path, metric) for path in args.more_before]
     if args.metric:
         _console().print(f"scored by the reward component '{args.metric}', not the total reward")

@@ -236,7 +236,7 @@ def test_gain_versus_a_control_reads_the_baseline_from_the_control(first, tmp_pa
     assert versus.gain == pytest.approx(results["rl_gain"]["gain"])
     assert versus.before == pytest.approx(results["stages"]["sft"]["reward"])
     assert main(["gain", str(out), "--versus", str(control)]) == 0
-    assert "rl of --versus" in capsys.readouterr().out
+    assert "rl vs control" in capsys.readouterr().out
     assert main(["gain", str(out), str(out), "--versus", str(control)]) == 2
     assert "--versus names 1 run(s) for 2 RUN_DIR(s)" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="eval-sft.parquet: missing"):
