@@ -245,4 +245,4 @@ def test_the_shipped_recipe_warms_up_on_bfcls_irrelevance_share():
     warm_up = [t.kind for t in spec.train[: recipe.sft.examples]]
     assert (warm_up.count("simple_python"), warm_up.count("multiple"), warm_up.count("irrelevance")) == (144, 64, 48)
     held_out = [t.kind for t in spec.eval[: recipe.eval.episodes]]
-    assert (held_out.count("simple_python"), held_out.count("multiple"), held_out.count("irrelevance")) == (48, 8, 8)
+    assert (held_out.count("simple_python"), held_out.count("multiple"), held_out.count("irrelevance")) == (96, 32, 32)
