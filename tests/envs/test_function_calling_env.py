@@ -14,7 +14,7 @@ import pytest
 import ponder.eval.bfcl.data as bfcl_data
 from ponder.config import RolloutConfig, SamplingConfig, load_recipe
 from ponder.envs.function_calling import CATEGORIES, FunctionCallingEnv, load_function_calling_tasks, shared_checker
-from ponder.envs.function_calling import REFUSAL, FunctionCallingOptions
+from ponder.envs.function_calling import REFUSAL, FunctionCallingOptions, argument_probes
 from ponder.eval.bfcl.data import DEFAULT_VENV, BfclDataError
 from ponder.models import tiny_tokenizer
 from ponder.rewards import score_trajectories
@@ -171,6 +171,60 @@ def test_the_choice_term_rewards_the_right_functions_whatever_their_arguments(sp
                                                                               "choice": 0.0})
     # weight 0 unless a recipe sets it: the shipped reward is BFCL's checker and the format
     assert build_reward(fc_recipe(), spec).weights == {"bfcl": 1.0, "format": 0.1}
+
+
+def test_argument_probes_set_every_other_argument_to_an_accepted_value():
+    reference = {"base": [10], "height": [5, 5.0], "unit": ["units", ""]}
+    assert argument_probes({"base": 11, "height": 5}, reference) == {
+        "base": {"height": 5, "unit": "units", "base": 11},  # the others: their first accepted value
+        "height": {"base": 10, "unit": "units", "height": 5},
+        "unit": {"base": 10, "height": 5},  # the reply left it out, as it may
+    }
+    nested = {"budget": [{"min": [300000], "max": [400000, ""]}], "city": ["", "SD"]}
+    assert argument_probes({"city": "LA"}, nested)["city"] == {"budget": {"min": 300000, "max": 400000}, "city": "LA"}
+    extra = argument_probes({"base": 10, "color": "red"}, reference)
+    assert all(probe["color"] == "red" for probe in extra.values())  # BFCL refuses it in every probe
+    assert "height" not in extra["height"]  # a required value missing stays missing
+    assert argument_probes({}, {}) == {}
+
+
+def test_argument_probes_do_not_depend_on_the_order_of_the_arguments():
+    reference = {"a": [1], "b": ["x", ""], "c": [[1, 2]]}
+    reply = {"c": [2, 1], "a": 2, "z": 0}
+    shuffled = dict(reversed(list(reply.items())))
+    assert argument_probes(reply, reference) == argument_probes(shuffled, reference)
+
+
+@needs_bfcl
+def test_the_arguments_term_is_the_share_of_the_reference_arguments_right(spec, tasks_by_id):
+    def arguments(task: Task, action: str) -> float:
+        return _score(spec, task, action, "reward.terms.arguments=0.5")[1]["arguments"]
+
+    triangle = tasks_by_id["simple_python_0"]  # base=[10], height=[5], unit=["units", ""]
+    assert arguments(triangle, _call("calculate_triangle_area", base=10, height=5)) == 1.0
+    assert arguments(triangle, _call("calculate_triangle_area", base=11, height=5)) == pytest.approx(2 / 3)
+    assert arguments(triangle, _call("calculate_triangle_area", base=11, height=5, unit="cm")) == pytest.approx(1 / 3)
+    assert arguments(triangle, _call("calculate_triangle_area", base="10", height=5)) == pytest.approx(2 / 3)
+    assert arguments(triangle, _call("calculate_triangle_area", height=5)) == pytest.approx(2 / 3)  # base missing
+    assert arguments(triangle, _call("calculate_triangle_area", base=10, height=5, color="red")) == 0.0
+    assert arguments(triangle, _call("calculate_circle_area", base=10, height=5)) == 0.0
+    assert arguments(triangle, "No function applies.") == 0.0
+    irrelevant = tasks_by_id["irrelevance_0"]
+    assert arguments(irrelevant, "None of the functions applies.") == 1.0
+    assert arguments(irrelevant, _call("determine_body_mass_index", weight=1.0, height=1.0)) == 0.0
+    songs = tasks_by_id["parallel_0"]  # two reference calls: the checker's own verdict
+    both = _call("spotify.play", artist="Maroon 5", duration=15) + "\n" + _call(
+        "spotify.play", artist="Taylor Swift", duration=20)
+    assert arguments(songs, both) == 1.0
+    assert arguments(songs, _call("spotify.play", artist="Maroon 5", duration=15)) == 0.0
+
+
+@needs_bfcl
+def test_the_arguments_term_agrees_with_the_checker_on_the_reference_replies(spec):
+    # Invariance: a reply BFCL accepts gets every argument right, on every question of one call.
+    tasks = [t for t in spec.eval if t.kind in ("simple_python", "multiple")]
+    for task in tasks:
+        assert _score(spec, task, task.oracle_actions[0], "reward.terms.arguments=0.5")[1]["arguments"] == 1.0
 
 
 @needs_bfcl

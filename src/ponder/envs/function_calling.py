@@ -223,14 +223,37 @@ class FunctionCallingEnv:
 # --- rewards: BFCL's checker through one shared worker -------------------------------------
 
 
-def python_call_text(turn: Turn) -> str:
-    """The turn's calls as a prompt-mode model writes them (`[f(a=1), g(b='x')]`), the text
-    BFCL's own decoder reads; "" when there are none. The values are decoded JSON, whose
-    Python reprs are literals of the same types, so the checker sees what the model wrote."""
-    if not turn.tool_calls:
+def python_calls(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """Calls as a prompt-mode model writes them (`[f(a=1), g(b='x')]`), the text BFCL's own
+    decoder reads; "" when there are none. The values are decoded JSON, whose Python reprs
+    are literals of the same types, so the checker sees what the model wrote."""
+    if not calls:
         return ""
-    rendered = [f"{c.name}({', '.join(f'{k}={v!r}' for k, v in c.arguments.items())})" for c in turn.tool_calls]
-    return "[" + ", ".join(rendered) + "]"
+    return "[" + ", ".join(f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})" for name, args in calls) + "]"
+
+
+def python_call_text(turn: Turn) -> str:
+    """The turn's calls in BFCL's text (`python_calls`)."""
+    return python_calls([(call.name, call.arguments) for call in turn.tool_calls or []])
+
+
+def argument_probes(arguments: dict[str, Any], reference: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each argument of one reference call (BFCL's answer: name → its possible values),
+    the reply's arguments with every *other* reference argument set to an acceptable value
+    (the reference solver's: `pick_arguments`). The reply's own value of that argument is
+    kept (left out if it gave none), and so are arguments the reference does not name,
+    which BFCL refuses. The checker accepts a probe exactly when the reply got that
+    argument right and added nothing it should not."""
+    from ponder.eval.bfcl.adapter import pick_arguments
+
+    accepted = pick_arguments(reference)
+    extra = {key: value for key, value in arguments.items() if key not in reference}
+    probes = {}
+    for name in reference:
+        others = {key: value for key, value in accepted.items() if key != name}
+        own = {name: arguments[name]} if name in arguments else {}
+        probes[name] = others | own | extra
+    return probes
 
 
 class BfclChecker:
@@ -243,15 +266,19 @@ class BfclChecker:
         self._lock = threading.Lock()
 
     def verdict(self, category: str, text: str, task: Task) -> dict[str, Any]:
-        item = {"id": task.id, "text": text, "function": task.metadata.get("functions") or [],
-                "ground_truth": task.metadata.get("ground_truth") or []}  # fmt: skip
+        return self.verdicts(category, [text], task)[0]
+
+    def verdicts(self, category: str, texts: list[str], task: Task) -> list[dict[str, Any]]:
+        """The checker's verdict on each reply text to `task`, in one exchange."""
+        items = [{"id": task.id, "text": text, "function": task.metadata.get("functions") or [],
+                  "ground_truth": task.metadata.get("ground_truth") or []} for text in texts]  # fmt: skip
         with self._lock:
             if self._bridge is None:
                 from ponder.eval.bfcl.bridge import BfclBridge
 
                 self._bridge = BfclBridge(self.venv).__enter__()
                 atexit.register(self.close)
-            return self._bridge.check(category, [item])[0]
+            return self._bridge.check(category, items)
 
     def close(self) -> None:
         with self._lock:
@@ -306,13 +333,45 @@ def right_choice(trajectory: Trajectory, task: Task) -> float:
     return 1.0 if called == wanted else 0.0
 
 
+class ArgumentsReward:
+    """The share of the reference call's arguments the reply got right, each judged by
+    BFCL's checker on `argument_probes` (partial credit, as ToolRL's fine-grained reward:
+    four samples that all miss one value still differ in the others). 0 when the reply
+    calls another function or is malformed; on a question no function answers, 1 for no
+    call; on questions of several reference calls or a reply of several calls, the
+    checker's own verdict (1 / 0). A shaping term for RL (weight 0 unless a recipe sets
+    `reward.terms.arguments`)."""
+
+    def __init__(self, checker: BfclChecker) -> None:
+        self.checker = checker
+
+    def __call__(self, trajectory: Trajectory, task: Task) -> float:
+        if not trajectory.turns or trajectory.turns[0].error is not None:
+            return 0.0
+        calls = trajectory.turns[0].tool_calls or []
+        reference = task.metadata.get("ground_truth") or []
+        category = task.metadata.get("category", task.kind)
+        if not reference:
+            return 0.0 if calls else 1.0
+        if len(reference) != 1 or len(calls) != 1:
+            return 1.0 if self.checker.verdict(category, python_call_text(trajectory.turns[0]), task)["valid"] else 0.0
+        (name, wanted), call = next(iter(reference[0].items())), calls[0]
+        if call.name != name:
+            return 0.0
+        probes = argument_probes(call.arguments, wanted) or {"": call.arguments}
+        verdicts = self.checker.verdicts(category, [python_calls([(name, args)]) for args in probes.values()], task)
+        return sum(verdict["valid"] for verdict in verdicts) / len(verdicts)
+
+
 @register_env("function_calling")
 def build_function_calling(ctx: EnvContext) -> EnvSpec:
     """BFCL's non-live single-turn questions; reward `bfcl` (BFCL's AST checker, weight 1),
-    `format` (weight 0.1) and `choice` (weight 0: the right functions called, or none)."""
+    `format` (weight 0.1), `choice` (weight 0: the right functions called, or none) and
+    `arguments` (weight 0: the share of the reference's arguments right)."""
     options = FunctionCallingOptions.from_dict(dict(ctx.options))
     checker = shared_checker(options.venv)
     train, held_out = load_function_calling_tasks(options)
-    rewards = {"bfcl": BfclReward(checker), "format": call_format, "choice": right_choice}
+    rewards = {"bfcl": BfclReward(checker), "format": call_format, "choice": right_choice,
+               "arguments": ArgumentsReward(checker)}  # fmt: skip
     return EnvSpec(lambda: FunctionCallingEnv(options.max_description_chars), train, held_out, rewards,
                    {"bfcl": 1.0, "format": 0.1})  # fmt: skip

@@ -83,13 +83,16 @@ def _first_choice(options: Any) -> tuple[bool, Any]:
 def _resolve(value: Any) -> Any:
     """Nested answers: a dict holds possible values per key, also inside lists."""
     if isinstance(value, dict):
-        return _pick_arguments(value)
+        return pick_arguments(value)
     if isinstance(value, list):
         return [_resolve(item) if isinstance(item, dict) else item for item in value]
     return value
 
 
-def _pick_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+def pick_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """One acceptable value per argument of a BFCL answer (name → its possible values):
+    the first real one, nested answers resolved; arguments that may be left out and
+    list no real value are left out."""
     picked = {}
     for name, options in arguments.items():
         present, value = _first_choice(options)
@@ -107,7 +110,7 @@ def reference_calls(question: BfclQuestion) -> list[tuple[str, dict[str, Any]]]:
     for call in question.ground_truth:
         for name, arguments in call.items():
             known = declared.get(name)
-            picked = _pick_arguments(arguments)
+            picked = pick_arguments(arguments)
             calls.append((name, {k: v for k, v in picked.items() if known is None or k in known}))
     return calls
 
