@@ -333,33 +333,25 @@ def right_choice(trajectory: Trajectory, task: Task) -> float:
     return 1.0 if called == wanted else 0.0
 
 
-class ArgumentsReward:
+class ArgumentsReward(BfclReward):
     """The share of the reference call's arguments the reply got right, each judged by
     BFCL's checker on `argument_probes` (partial credit, as ToolRL's fine-grained reward:
     four samples that all miss one value still differ in the others). 0 when the reply
-    calls another function or is malformed; on a question no function answers, 1 for no
-    call; on questions of several reference calls or a reply of several calls, the
-    checker's own verdict (1 / 0). A shaping term for RL (weight 0 unless a recipe sets
-    `reward.terms.arguments`)."""
-
-    def __init__(self, checker: BfclChecker) -> None:
-        self.checker = checker
+    calls another function or is malformed; elsewhere (no reference call: irrelevance;
+    several reference calls or several calls in the reply) the checker's own 1 / 0, as
+    `bfcl`. A shaping term for RL (weight 0 unless a recipe sets `reward.terms.arguments`)."""
 
     def __call__(self, trajectory: Trajectory, task: Task) -> float:
-        if not trajectory.turns or trajectory.turns[0].error is not None:
-            return 0.0
-        calls = trajectory.turns[0].tool_calls or []
         reference = task.metadata.get("ground_truth") or []
-        category = task.metadata.get("category", task.kind)
-        if not reference:
-            return 0.0 if calls else 1.0
-        if len(reference) != 1 or len(calls) != 1:
-            return 1.0 if self.checker.verdict(category, python_call_text(trajectory.turns[0]), task)["valid"] else 0.0
+        calls = (trajectory.turns[0].tool_calls or []) if trajectory.turns else []
+        if len(reference) != 1 or len(calls) != 1 or trajectory.turns[0].error is not None:
+            return super().__call__(trajectory, task)
         (name, wanted), call = next(iter(reference[0].items())), calls[0]
         if call.name != name:
             return 0.0
         probes = argument_probes(call.arguments, wanted) or {"": call.arguments}
-        verdicts = self.checker.verdicts(category, [python_calls([(name, args)]) for args in probes.values()], task)
+        texts = [python_calls([(name, args)]) for args in probes.values()]
+        verdicts = self.checker.verdicts(task.metadata.get("category", task.kind), texts, task)
         return sum(verdict["valid"] for verdict in verdicts) / len(verdicts)
 
 
