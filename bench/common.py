@@ -56,6 +56,7 @@ class BenchConfig:
     warmup / steps: unmeasured then measured steps per system.
     device / dtype: where both systems run (`cpu` float32 by default; `cuda`
         bfloat16 on a GPU: the base weights in bf16 on both, LoRA weights float32).
+    decoder: ponder's `rollout.sampling.decoder` (TRL generates with transformers).
     """
 
     workload: str = "single"
@@ -79,6 +80,7 @@ class BenchConfig:
     steps: int = 5
     device: str = "cpu"
     dtype: str = "float32"
+    decoder: str = "auto"
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:

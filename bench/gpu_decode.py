@@ -11,8 +11,9 @@ Qwen2.5-1.5B's shape). Measures, on the GPU, in bfloat16:
 - ponder's rollout decode (`HFBackend.generate`, the `hf` backend, KV cache) at
   each batch size, with each decoder (`rollout.sampling.decoder`: `transformers`
   is the transformers model's eager forward, `auto` the lean decoder's steps
-  replayed from CUDA graphs), the decoders alternating: sampled tokens per second
-  after a warm-up call;
+  replayed from CUDA graphs, `compiled` those steps compiled by torch.compile
+  before capture), the decoders alternating: sampled tokens per second after a
+  warm-up call of the same shape (its time, compilation included, is reported);
 - the sampler-trainer mismatch of each decoder: mean and max |Δ logprob| between
   the logprobs recorded while sampling and the transformers model's forward pass
   (what the trainer computes) over the same tokens;
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--decoders", nargs="+", default=["transformers", "auto"],
+    parser.add_argument("--decoders", nargs="+", default=["transformers", "auto", "compiled"],
                         help="rollout.sampling.decoder values to compare, alternating")  # fmt: skip
     parser.add_argument("--device", default="cuda", help="cpu only checks the script (no rooflines)")
     parser.add_argument("--out", type=Path, default=None)
@@ -163,20 +164,24 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"command": sys.argv, "machine": peaks, "parameters": params, "rows": []}
     for batch in args.batches:
         for decoder, backend in backends.items():
-            decode_rate(backend, batch, args.prompt_len, 8, seed=1)  # warm-up: kernels chosen, memory pooled
+            # warm-up of the same shape: kernels chosen and compiled, memory pooled
+            warm = decode_rate(backend, batch, args.prompt_len, args.new_tokens, seed=1)
             row = {"decoder": decoder, **decode_rate(backend, batch, args.prompt_len, args.new_tokens, seed=2)}
+            row["warmup_seconds"] = warm["seconds"]
             row.update(rooflines(params, weight_bytes, peaks, batch))
             row["of_bandwidth_bound"] = row["tokens_per_s"] / row["bandwidth_bound"]
             row["of_compute_bound"] = row["tokens_per_s"] / row["compute_bound"]
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
+            if args.out:  # as it goes: a later failure keeps the rows measured
+                args.out.write_text(json.dumps(result, indent=1))
     for decoder, backend in backends.items():
         result[f"mismatch_{decoder}"] = mismatch(backend, 8, args.prompt_len, 32)
         result[f"profile_batch1_{decoder}"] = step_profile(backend, args.prompt_len)
         print(f"{decoder}: mismatch {json.dumps(result[f'mismatch_{decoder}'])} "
               f"profile {json.dumps(result[f'profile_batch1_{decoder}'])}", flush=True)  # fmt: skip
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1))
     return 0
 
 

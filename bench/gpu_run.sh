@@ -16,8 +16,9 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 python3 -m bench.gpu_model --shape qwen2.5-1.5b --out /tmp/q15 --device cuda || exit 1
-timeout 120 python3 -m bench.gpu_decode --model /tmp/q15 --batches 1 16 256 --decoders transformers auto \
-    --out "$OUT/gpu_decode.json" 2>&1 | grep -v "^USDT\|Warning\|warn("
-timeout 250 python3 bench/grpo_vs_trl.py --workload single --model /tmp/q15 --device cuda --dtype bfloat16 \
-    --gate-model tiny --threads 8 --prompts-per-step 4 --group-size 8 --max-new-tokens 256 \
-    --steps 5 --warmup 1 --micro-batch 8 --out "$OUT/grpo_vs_trl.json" 2>&1 | grep -v "^USDT" | tail -60
+timeout ${DECODE_S:-300} python3 -m bench.gpu_decode --model /tmp/q15 --batches 1 16 256 \
+    --decoders transformers auto compiled --out "$OUT/gpu_decode.json" 2>&1 | grep -v "^USDT\|Warning\|warn("
+timeout ${GRPO_S:-200} python3 bench/grpo_vs_trl.py --workload single --model /tmp/q15 --device cuda \
+    --dtype bfloat16 --gate-model tiny --threads 8 --prompts-per-step 4 --group-size 8 --max-new-tokens 256 \
+    --steps 5 --warmup 1 --micro-batch 8 --decoder ${GRPO_DECODER:-compiled} --out "$OUT/grpo_vs_trl.json" 2>&1 \
+    | grep -v "^USDT" | tail -40

@@ -42,6 +42,7 @@ def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Reci
         f"rollout.group_size={cfg.group_size}",
         f"rollout.sampling.temperature={cfg.temperature}",
         "rollout.sampling.top_p=1.0",
+        f"rollout.sampling.decoder={cfg.decoder}",
         f"rollout.sampling.max_new_tokens_per_turn={cfg.max_new_tokens}",
         f"rollout.sampling.max_total_tokens={max_prompt_tokens + cfg.max_new_tokens}",
         "lora.enabled=true",

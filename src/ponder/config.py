@@ -110,7 +110,9 @@ class SamplingConfig:
         weights: rollout/llama_decode.py; packed on the CPU, its decode steps replayed
         from CUDA graphs on a GPU: rollout/graph_decode.py), anything else with the
         transformers model; `transformers` always uses the transformers model;
-        `static` runs the GPU's static-shape steps on any device (tests, checks).
+        `static` runs the GPU's static-shape steps on any device (tests, checks);
+        `compiled` is `static` with the steps compiled by torch.compile first
+        (fused kernels; one compilation per process, tens of seconds).
     dtype: the precision the sampling copy computes in: `float32`, `bfloat16`, or
         `auto`: bfloat16 for a float32 model on a CPU with bf16 instructions (AVX-512
         BF16 or AMX; ~1.4x the fp32 decode's tokens/s, docs/benchmarks.md), else the

@@ -14,10 +14,14 @@ from ponder.rollout.llama_decode import lean_decoder
 from .test_llama_decode import tiny_qwen2
 
 
-@pytest.mark.parametrize("architecture", ["llama+lora", "qwen2"])
-def test_static_steps_give_the_lean_decoders_logits(architecture, trained_lora):
+@pytest.mark.parametrize(
+    "architecture,compiled",
+    [("llama+lora", False), ("qwen2", False), pytest.param("qwen2", True, marks=pytest.mark.slow)],
+)
+def test_static_steps_give_the_lean_decoders_logits(architecture, compiled, trained_lora):
+    """Eager, and compiled by torch.compile (inductor's C++ backend here, Triton on a GPU)."""
     policy = trained_lora(tiny_policy(seed=0)) if architecture == "llama+lora" else tiny_qwen2()
-    lean = lean_decoder(policy.model)
+    lean, plain = lean_decoder(policy.model), lean_decoder(policy.model, pack=False)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(5, 300, (3, 6), generator=generator)
     attention_mask = torch.ones(3, 6, dtype=torch.long)
@@ -28,7 +32,7 @@ def test_static_steps_give_the_lean_decoders_logits(architecture, trained_lora):
     reference_cache, static_cache = SlabCache(layers, 11, [None] * 3, 0), SlabCache(layers, 11, [None] * 3, 0)
     lean(input_ids, attention_mask, positions, reference_cache)
     lean(input_ids, attention_mask, positions, static_cache)
-    step = GraphStep.after_prefill(lean, static_cache, attention_mask, positions[:, -1:] + 1)
+    step = GraphStep.after_prefill(plain, static_cache, attention_mask, positions[:, -1:] + 1, compiled)
     next_position = positions[:, -1:] + 1
     for _ in range(5):  # fills the cache's 11 slots
         tokens = torch.randint(5, 300, (3,), generator=generator)
@@ -43,13 +47,14 @@ def test_static_steps_give_the_lean_decoders_logits(architecture, trained_lora):
         step(tokens)
 
 
-def test_static_decoding_generates_what_the_lean_decoder_does_over_two_turns(trained_lora):
+@pytest.mark.parametrize("static", ["static", pytest.param("compiled", marks=pytest.mark.slow)])
+def test_static_decoding_generates_what_the_lean_decoder_does_over_two_turns(static, trained_lora):
     policy = trained_lora(tiny_policy(seed=0))
     encode = policy.tokenizer.encode
     prompts = ["<|im_start|>user\nhi<|im_end|>\n", "<think>I need to search", "a", "<answer>Paris"]
     lengths = [2, 9, 9, 4]  # rows end at different steps: at 4 of 4 live rows, the batch is compacted
     runs = {}
-    for decoder in ("auto", "static"):
+    for decoder in ("auto", static):
         backend = HFBackend(policy, SamplingConfig(temperature=0.0, decoder=decoder), seed=0)
         first = backend.generate([GenerationRequest(f"e{i}", encode(p), n)
                                   for i, (p, n) in enumerate(zip(prompts, lengths))], [])  # fmt: skip
@@ -57,9 +62,9 @@ def test_static_decoding_generates_what_the_lean_decoder_does_over_two_turns(tra
         second = backend.generate([GenerationRequest(f"e{i}", encode(p) + g.token_ids + encode(" ok"), 5)
                                    for i, (p, g) in enumerate(zip(prompts, first))], [])  # fmt: skip
         runs[decoder] = first + second
-    assert [len(g.token_ids) for g in runs["static"][:4]] == lengths
-    assert [g.token_ids for g in runs["static"]] == [g.token_ids for g in runs["auto"]]
-    for a, b in zip(runs["static"], runs["auto"]):
+    assert [len(g.token_ids) for g in runs[static][:4]] == lengths
+    assert [g.token_ids for g in runs[static]] == [g.token_ids for g in runs["auto"]]
+    for a, b in zip(runs[static], runs["auto"]):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
         assert a.finish_reason == b.finish_reason
 
@@ -73,7 +78,7 @@ def test_bfloat16_weights_with_float32_adapters_decode_in_bfloat16(trained_lora)
     for name, param in policy.model.named_parameters():
         if "lora_" in name:
             param.data = param.data.float()
-    lean = lean_decoder(policy.model)
+    lean = lean_decoder(policy.model, pack=False)
     assert lean.layers[0].qkv.weight.dtype == torch.bfloat16
     ids = torch.tensor([[5, 6, 7, 8]])
     mask, positions = torch.ones_like(ids), torch.arange(4).unsqueeze(0)
@@ -86,3 +91,11 @@ def test_bfloat16_weights_with_float32_adapters_decode_in_bfloat16(trained_lora)
         expected = policy.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
     assert actual.dtype == torch.bfloat16
     assert torch.allclose(actual.float(), expected.float(), atol=0.05)
+
+
+def test_static_steps_refuse_packed_matrices():
+    policy = tiny_policy(seed=0)
+    packed = lean_decoder(policy.model)
+    packed.pack = True  # as built for the CPU decoder, whether or not a matrix won packing
+    with pytest.raises(ValueError, match="pack=False"):
+        GraphStep(packed, [], torch.ones(1, 4, dtype=torch.bool), torch.tensor([2]), 2)

@@ -18,29 +18,97 @@ shape and every address fixed. So a `GraphStep`:
   live rows move to a smaller step of their own (`select`), so a batch whose rows
   end at different lengths costs at most twice the rows it needs.
 
-Off CUDA the same step runs eagerly, which is how the CPU tests check it against
-the lean decoder (tests/rollout/test_graph_decode.py).
+A step is three pure functions of tensors (`StepFunctions`: the embedding, rotary
+angles and mask; one layer, called for each; the final norm and vocabulary head),
+each layer's residual added at the start of the next so that the add and its
+RMSNorm are one fused kernel once compiled. With `compiled` they go through
+torch.compile (inductor: Triton kernels on a GPU) before being captured, which
+fuses the ~20 small kernels of a layer (norms, rotary, the cache writes, SiLU·up)
+into a handful; the matrix products and attention stay cuBLAS's and SDPA's. One
+compilation per process serves every layer, batch and model of the same shape.
+
+Off CUDA the same step runs eagerly (or compiled by inductor's C++ backend), which
+is how the CPU tests check it against the lean decoder
+(tests/rollout/test_graph_decode.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ponder.rollout.kv import SlabCache
-from ponder.rollout.llama_decode import LlamaDecoder
+from ponder.rollout.llama_decode import LlamaDecoder, rotary, rotate
+
+
+class StepFunctions(NamedTuple):
+    prologue: Any  # (tokens, positions, valid, embed, inv_freq) -> hidden, delta, cos, sin, mask
+    layer: Any  # (hidden, delta, weights, keys, values, slot, mask, cos, sin) -> hidden, delta
+    epilogue: Any  # (hidden, delta, norm, head, head_bias) -> logits [B, V]
+
+
+@functools.lru_cache(maxsize=None)
+def step_functions(heads: int, kv_heads: int, head_dim: int, eps: float, compiled: bool) -> StepFunctions:
+    """The step's functions for a model shape, compiled once per process if asked."""
+    groups = heads // kv_heads
+
+    def prologue(tokens, positions, valid, embed, inv_freq):
+        hidden = embed[tokens].unsqueeze(1)  # [B, 1, H]
+        cos, sin = rotary(positions.unsqueeze(1), inv_freq, embed.dtype)
+        # [B, 1, 1, S] additive, built once a step rather than in every layer
+        mask = torch.zeros_like(valid, dtype=hidden.dtype).masked_fill(~valid, float("-inf"))[:, None, None]
+        return hidden, torch.zeros_like(hidden), cos, sin, mask
+
+    def layer(hidden, delta, weights, keys, values, slot, mask, cos, sin):
+        input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, down = weights
+        hidden = hidden + delta  # the previous layer's MLP output
+        rows = hidden.shape[0]
+        split = _linear(F.rms_norm(hidden, hidden.shape[-1:], input_norm, eps), qkv, qkv_bias)
+        split = split.view(rows, 1, heads + 2 * kv_heads, head_dim).transpose(1, 2)
+        q, k = rotate(split[:, : heads + kv_heads], cos, sin).split([heads, kv_heads], dim=1)
+        keys.index_copy_(2, slot, k)
+        values.index_copy_(2, slot, split[:, heads + kv_heads :])
+        # one new token per row: each KV head's query heads attend as rows of one group
+        grouped = q.reshape(rows, kv_heads, groups, head_dim)
+        attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+        hidden = hidden + _linear(attended.reshape(rows, 1, heads * head_dim), o, o_bias)
+        gate, up = _linear(F.rms_norm(hidden, hidden.shape[-1:], post_norm, eps), gate_up, None).chunk(2, dim=-1)
+        return hidden, _linear(F.silu(gate) * up, down, None)
+
+    def epilogue(hidden, delta, norm, head, head_bias):
+        hidden = hidden + delta
+        return _linear(F.rms_norm(hidden, hidden.shape[-1:], norm, eps), head, head_bias)[:, 0]
+
+    functions = StepFunctions(prologue, layer, epilogue)
+    if compiled:
+        functions = StepFunctions(*(torch.compile(f, fullgraph=True) for f in functions))
+    return functions
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weightᵀ + bias in the weight's dtype, returned in x's."""
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
 class GraphStep:
     """One decode step for a fixed batch: `step(tokens [B])` reads the tokens at the
     rows' next positions, writes their keys and values at the next slot and returns
-    the logits [B, V] of the token after (a buffer the next call overwrites)."""
+    the logits [B, V] of the token after (a buffer the next call overwrites). The
+    decoder's matrices must be plain (`lean_decoder(..., pack=False)`)."""
 
     def __init__(self, decoder: LlamaDecoder, kv: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor,
-                 positions: torch.Tensor, slot: int) -> None:  # fmt: skip
-        self.decoder, self.kv = decoder, kv
+                 positions: torch.Tensor, slot: int, compiled: bool = False) -> None:  # fmt: skip
+        if decoder.pack:
+            raise ValueError("GraphStep: the decoder's matrices are packed; use lean_decoder(..., pack=False)")
+        self.decoder, self.kv, self.compiled = decoder, kv, compiled
+        self.functions = step_functions(decoder.heads, decoder.kv_heads, decoder.head_dim, decoder.eps, compiled)
+        self.weights = [
+            (l.input_norm, l.qkv.weight, l.qkv.bias, l.o.weight, l.o.bias, l.post_norm, l.gate_up.weight, l.down.weight)
+            for l in decoder.layers
+        ]
         self.valid = valid  # [B, S] bool: slots holding a token the row has read
         self.positions = positions  # [B] the next token's position
         self.slot = slot  # the next slot to write (the same for every row)
@@ -51,14 +119,14 @@ class GraphStep:
 
     @classmethod
     def after_prefill(cls, decoder: LlamaDecoder, cache: SlabCache, attention_mask: torch.Tensor,
-                      next_position: torch.Tensor) -> GraphStep:  # fmt: skip
+                      next_position: torch.Tensor, compiled: bool = False) -> GraphStep:  # fmt: skip
         """The step that follows the backend's prefill: the cache's buffers, its
         attention mask [B, n] over the n slots written and next positions [B, 1]."""
         kv = cache.buffers()
         rows, written = attention_mask.shape
         valid = torch.zeros(rows, kv[0][0].shape[2], dtype=torch.bool, device=attention_mask.device)
         valid[:, :written] = attention_mask.bool()
-        return cls(decoder, kv, valid, next_position[:, 0].clone(), written)
+        return cls(decoder, kv, valid, next_position[:, 0].clone(), written, compiled)
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.slot >= self.valid.shape[1]:
@@ -86,28 +154,16 @@ class GraphStep:
         """A step for the given rows only (copies of their caches), captured anew."""
         at = torch.tensor(index, device=self.valid.device)
         kv = [(k[at], v[at]) for k, v in self.kv]
-        return GraphStep(self.decoder, kv, self.valid[at], self.positions[at], self.slot)
+        return GraphStep(self.decoder, kv, self.valid[at], self.positions[at], self.slot, self.compiled)
 
     def _forward(self) -> torch.Tensor:
-        decoder = self.decoder
-        rows = self.tokens.shape[0]
-        groups = decoder.heads // decoder.kv_heads
-        hidden = decoder.embed[self.tokens].unsqueeze(1)  # [B, 1, H]
-        cos, sin = decoder.rotary(self.positions.unsqueeze(1))
-        # [B, 1, 1, S] additive, built once a step rather than converted in every layer
-        mask = torch.zeros_like(self.valid, dtype=hidden.dtype).masked_fill_(~self.valid, float("-inf"))[:, None, None]
-
-        for layer, (keys, values) in zip(decoder.layers, self.kv, strict=True):
-
-            def attend(q, k, v, keys=keys, values=values):
-                keys.index_copy_(2, self._slot, k)
-                values.index_copy_(2, self._slot, v)
-                grouped = q.reshape(rows, decoder.kv_heads, groups, decoder.head_dim)  # heads → query rows
-                out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
-                return out.reshape(rows, decoder.heads, 1, decoder.head_dim)
-
-            hidden = decoder.block(layer, hidden, cos, sin, attend)
-        return decoder.logits(hidden)[:, 0]
+        decoder, functions = self.decoder, self.functions
+        hidden, delta, cos, sin, mask = functions.prologue(
+            self.tokens, self.positions, self.valid, decoder.embed, decoder.inv_freq
+        )
+        for weights, (keys, values) in zip(self.weights, self.kv, strict=True):
+            hidden, delta = functions.layer(hidden, delta, weights, keys, values, self._slot, mask, cos, sin)
+        return functions.epilogue(hidden, delta, decoder.final_norm, decoder.head.weight, decoder.head.bias)
 
     def _capture(self) -> torch.Tensor:
         """Warm up on a side stream (kernels chosen, workspaces allocated), then record

@@ -44,7 +44,7 @@ from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
 # Stop strings are checked on the decoded tail of each row; this many tokens cover
 # any tag-like stop string while keeping the per-step decode cheap.
 _STOP_WINDOW_TOKENS = 16
-DECODERS = ("auto", "transformers", "static")
+DECODERS = ("auto", "transformers", "static", "compiled")
 
 
 @dataclass
@@ -97,7 +97,8 @@ class HFBackend:
         if self._sampler is None:
             from ponder.models.lora_fused import drop_base_copies
 
-            lean = None if self.sampling.decoder == "transformers" else lean_decoder(self.policy.model, self.dtype)
+            wanted = self.sampling.decoder != "transformers"
+            lean = lean_decoder(self.policy.model, self.dtype, pack=not self._static()) if wanted else None
             self._sampler = lean if lean is not None else _merged_copy(self.policy.model).to(self.dtype)
             drop_base_copies(self.policy.model)  # the update remakes them once the sampler is dropped
         return self._sampler
@@ -145,12 +146,14 @@ class HFBackend:
             logits, next_position = out.logits[:, -1], next_position + 1
         return [self._to_generation(row) for row in rows]
 
-    def _graphed(self, model: Any) -> bool:
+    def _static(self) -> bool:
         """Decode through `GraphStep`s: on a GPU by default (`decoder: auto`), anywhere
-        with `decoder: static` (eagerly off CUDA), for models the lean decoder covers."""
+        with `decoder: static` or `compiled` (eagerly off CUDA)."""
         on_gpu = self.policy.device.type == "cuda"
-        wanted = self.sampling.decoder == "static" or (self.sampling.decoder == "auto" and on_gpu)
-        return wanted and isinstance(model, LlamaDecoder)
+        return self.sampling.decoder in ("static", "compiled") or (self.sampling.decoder == "auto" and on_gpu)
+
+    def _graphed(self, model: Any) -> bool:
+        return self._static() and isinstance(model, LlamaDecoder)
 
     def _generate_graphed(self, model: LlamaDecoder, requests: list[GenerationRequest],
                           stop_strings: list[str]) -> list[Generation]:  # fmt: skip
@@ -160,7 +163,8 @@ class HFBackend:
         Finished rows stay in the batch until half of it has finished, then the live
         rows get a step of their own."""
         cache, logits, attention_mask, next_position = self._prefill(model, requests, pad_slots=True)
-        step = GraphStep.after_prefill(model, cache, attention_mask, next_position)
+        compiled = self.sampling.decoder == "compiled"
+        step = GraphStep.after_prefill(model, cache, attention_mask, next_position, compiled)
         del cache
         rows = [_Row(r, [], []) for r in requests]
         batch = list(range(len(rows)))  # rows[batch[j]] is step row j

@@ -53,16 +53,17 @@ class _Layer:
     down: _Linear
 
 
-def lean_decoder(model: Any, matmul_dtype: torch.dtype | None = None) -> LlamaDecoder | None:
+def lean_decoder(model: Any, matmul_dtype: torch.dtype | None = None, pack: bool = True) -> LlamaDecoder | None:
     """A LlamaDecoder holding the model's current weights (LoRA merged), its matrix
     products in `matmul_dtype` (default: the model's dtype), or None when the model is
-    not one it covers. Call again after the weights change."""
+    not one it covers. `pack=False` keeps every matrix plain (what
+    `rollout.graph_decode`'s steps take). Call again after the weights change."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
     if not _covered(config) or base.device.type not in ("cpu", "cuda"):
         return None
     with torch.no_grad():
-        return LlamaDecoder(base, config, matmul_dtype)
+        return LlamaDecoder(base, config, matmul_dtype, pack)
 
 
 def _covered(config: Any) -> bool:
@@ -89,9 +90,10 @@ class LlamaDecoder:
     --ponder-dtypes, docs/benchmarks.md); the sampler's log-probs then differ from the
     trainer's by ~0.03 (`rollout.sampling.dtype`)."""
 
-    def __init__(self, model: Any, config: Any, matmul_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: Any, config: Any, matmul_dtype: torch.dtype | None = None, pack: bool = True) -> None:
         self.config = config
         self.matmul_dtype = matmul_dtype
+        self.pack = pack
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -106,8 +108,8 @@ class LlamaDecoder:
 
     def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> _Linear:
         if self.matmul_dtype is None or self.matmul_dtype == weight.dtype:
-            return _Linear(weight, bias)
-        return _Linear(weight.to(self.matmul_dtype), None if bias is None else bias.to(self.matmul_dtype))
+            return _Linear(weight, bias, self.pack)
+        return _Linear(weight.to(self.matmul_dtype), None if bias is None else bias.to(self.matmul_dtype), self.pack)
 
     def _layer(self, block: Any) -> _Layer:
         attn, mlp = block.self_attn, block.mlp
@@ -157,20 +159,24 @@ class LlamaDecoder:
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         qkv = layer.qkv(F.rms_norm(hidden, hidden.shape[-1:], layer.input_norm, self.eps))
         heads = qkv.view(rows, length, h + 2 * kv, d).transpose(1, 2)
-        q, k = _rotate(heads[:, : h + kv], cos, sin).split([h, kv], dim=1)  # q and k rotated in one pass
+        q, k = rotate(heads[:, : h + kv], cos, sin).split([h, kv], dim=1)  # q and k rotated in one pass
         attended = attend(q, k, heads[:, h + kv :])
         hidden = hidden + layer.o(attended.transpose(1, 2).reshape(rows, length, h * d))
         gate, up = layer.gate_up(F.rms_norm(hidden, hidden.shape[-1:], layer.post_norm, self.eps)).chunk(2, dim=-1)
         return hidden + layer.down(F.silu(gate) * up)
 
     def rotary(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin [B, 1, T, head_dim] of each token's rotary angles (the sin
-        of the first half negated, see `_rotate`), computed in float32 and stored in
-        the weights' dtype (as transformers does)."""
-        angles = position_ids.unsqueeze(-1).float() * self.inv_freq
-        signed = torch.cat([-angles.sin(), angles.sin()], dim=-1).unsqueeze(1)
-        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
-        return angles.cos().to(self.embed.dtype), signed.to(self.embed.dtype)
+        return rotary(position_ids, self.inv_freq, self.embed.dtype)
+
+
+def rotary(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin [B, 1, T, head_dim] of each token's rotary angles (the sin of
+    the first half negated, see `rotate`), computed in float32 and stored in `dtype`,
+    the weights' (as transformers does)."""
+    angles = position_ids.unsqueeze(-1).float() * inv_freq
+    signed = torch.cat([-angles.sin(), angles.sin()], dim=-1).unsqueeze(1)
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
+    return angles.cos().to(dtype), signed.to(dtype)
 
 
 def attention_slots(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -186,7 +192,7 @@ def attention_slots(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tens
     return visible.unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding in transformers' half-split layout, x * cos + rotate_half(x) * sin:
     rotate_half(x) = [-x2, x1] is x rolled by half a head times the signs that
     `signed_sin` carries (three kernels on a GPU instead of five)."""
@@ -222,9 +228,12 @@ class _Linear:
     measured earlier only the wide ones (gate|up, the vocabulary head), on an AMD EPYC
     every matrix (docs/benchmarks.md)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool = True) -> None:
         self.bias = bias
         self.dtype = weight.dtype  # the input is rounded to it, the output returned in the input's
+        if not pack:
+            self.packed, self.weight = False, weight
+            return
         if cpu_matmul.bf16_packable(weight):  # bf16 on the CPU: oneDNN's bf16 kernels, always packed
             self.packed, self.weight = True, cpu_matmul.pack(weight)
             return
