@@ -228,7 +228,8 @@ def _ponder_batch(trainer: Any, cfg: BenchConfig, seed: int) -> tuple[Any, torch
         current, _, _ = forward_policy(policy.model, batch.input_ids, batch.attention_mask, cfg.temperature)
     noise = torch.randn(current.shape, generator=generator) * 0.3
     batch.old_logprobs = torch.where(mask, current + noise, torch.zeros_like(current))
-    batch.ref_logprobs = forward_pass_no_grad(policy, batch, len(batch), cfg.temperature, reference=True)
+    with trainer._reference_policy():  # adapters disabled: the base model, TRL's reference too
+        batch.ref_logprobs = forward_pass_no_grad(policy, batch, len(batch), cfg.temperature)
     advantages = torch.randn(len(batch), generator=generator)
     batch.advantages = advantages[:, None] * batch.loss_mask
     batch.returns = torch.zeros_like(batch.advantages)

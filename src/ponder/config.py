@@ -107,16 +107,18 @@ class SamplingConfig:
     max_new_tokens_per_turn: cap on one model action.
     max_total_tokens: cap on prompt + response; the episode stops when reached.
     decoder: `auto` decodes Llama-family models with ponder's lean forward (fused
-        weights: rollout/llama_decode.py; packed on the CPU, its decode steps replayed
-        from CUDA graphs on a GPU: rollout/graph_decode.py), anything else with the
-        transformers model; `transformers` always uses the transformers model;
-        `static` runs the GPU's static-shape steps on any device (tests, checks);
-        `compiled` is `static` with the steps compiled by torch.compile first
-        (fused kernels; one compilation per process, tens of seconds).
-    dtype: the precision the sampling copy computes in: `float32`, `bfloat16`, or
-        `auto`: bfloat16 for a float32 model on a CPU with bf16 instructions (AVX-512
-        BF16 or AMX; ~1.4x the fp32 decode's tokens/s, docs/benchmarks.md), else the
-        model's. When it differs from the trainer's precision the trainer takes the
+        weights: rollout/llama_decode.py; packed on the CPU; on a GPU its decode
+        steps compiled by torch.compile and replayed from CUDA graphs:
+        rollout/graph_decode.py), anything else with the transformers model;
+        `transformers` always uses the transformers model; `static` runs the
+        static-shape steps uncompiled (CUDA graphs on a GPU, eagerly elsewhere);
+        `compiled` compiles them on any device (inductor's C++ backend on a CPU:
+        tests). Compiling costs ~10 s once per process on a GPU and a few seconds
+        for each new batch shape; it made batch-1 decode 1.3x faster on an H200.
+    dtype: the precision the sampling copy computes in: `model` (the default: the
+        model's own, bf16 on a GPU), `float32`, `bfloat16`, or `auto`: bfloat16 for a
+        float32 model on a CPU with bf16 instructions (AVX-512 BF16 or AMX; ~1.4x the
+        fp32 decode's tokens/s, docs/benchmarks.md), else the model's. When it differs from the trainer's precision the trainer takes the
         old log-probs from its own forward and corrects with a truncated importance
         weight (`algo.tis_cap`), as for vLLM; the gap is logged as
         rollout/logprob_mismatch.
@@ -127,7 +129,7 @@ class SamplingConfig:
     max_new_tokens_per_turn: int = 96
     max_total_tokens: int = 1024
     decoder: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "model"
 
 
 @dataclass
@@ -371,10 +373,11 @@ class LoraConfig:
     last_n_layers: adapt only the top N transformer layers (0 = all). Backward then
         stops at layer L-N, which makes a CPU update step several times cheaper.
     base_matmul_dtype: the precision of the frozen base's matrix products in training
-        (SFT, DPO, the RL update): `float32`, `bfloat16` (a bf16 copy of each frozen
-        weight, inputs rounded to bf16, outputs, LoRA and the loss in fp32), or `auto`:
-        bfloat16 for a float32 model on a CPU with bf16 instructions (AVX-512 BF16 or
-        AMX), else the model's (models/lora_fused.py).
+        (SFT, DPO, the RL update): `model` (the default: the model's own), `float32`,
+        `bfloat16` (a bf16 copy of each frozen weight, inputs rounded to bf16, outputs,
+        LoRA and the loss in fp32), or `auto`: bfloat16 for a float32 model on a CPU
+        with bf16 instructions (AVX-512 BF16 or AMX), else the model's
+        (models/lora_fused.py).
     """
 
     enabled: bool = True
@@ -383,7 +386,7 @@ class LoraConfig:
     dropout: float = 0.0
     target_modules: str | list = "all-linear"
     last_n_layers: int = 0
-    base_matmul_dtype: str = "float32"
+    base_matmul_dtype: str = "model"
 
 
 @dataclass

@@ -179,3 +179,21 @@ def test_sampling_dtype_auto_follows_the_cpus_bf16_instructions():
     generations = bf16.generate(requests, [])
     assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in generations)
     assert all(lp <= 0 and lp == lp for g in generations for lp in g.logprobs)
+
+
+def test_precisions_default_to_the_models_own():
+    """A bf16 model (a GPU's) samples and trains its base in bf16 unless a recipe asks
+    otherwise: no silent fp32 copy reading twice the bytes (found on an H200)."""
+    from dataclasses import replace
+
+    from ponder.config import LoraConfig
+    from ponder.models.cpu_matmul import matmul_dtype
+    from ponder.rollout.hf import sampling_dtype
+
+    assert SamplingConfig().dtype == LoraConfig().base_matmul_dtype == "model"
+    policy = tiny_policy(seed=0)
+    assert sampling_dtype("model", policy) == torch.float32
+    bf16 = replace(policy, model=policy.model.to(torch.bfloat16))
+    assert sampling_dtype("model", bf16) == torch.bfloat16
+    assert sampling_dtype("float32", bf16) == torch.float32  # asked for: an upcast copy
+    assert matmul_dtype("model", "lora.base_matmul_dtype", torch.bfloat16, torch.device("cuda")) == torch.bfloat16

@@ -106,5 +106,5 @@ def test_an_unknown_precision_fails_the_recipe_check_before_any_work(setting):
     from ponder.train.rl import check_recipe
 
     check_recipe(load_recipe(None, [f"{setting}=auto"]))
-    with pytest.raises(ValueError, match=rf"{setting}: unknown 'fp8'; valid: auto, float32, bfloat16"):
+    with pytest.raises(ValueError, match=rf"{setting}: unknown 'fp8'; valid: model, auto, float32, bfloat16"):
         check_recipe(load_recipe(None, [f"{setting}=fp8"]))

@@ -93,7 +93,7 @@ def has_bf16_instructions(flags: list[str]) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-MATMUL_DTYPES = ("auto", "float32", "bfloat16")
+MATMUL_DTYPES = ("model", "auto", "float32", "bfloat16")
 
 
 def check_matmul_dtype(name: str, setting: str) -> None:
@@ -103,9 +103,12 @@ def check_matmul_dtype(name: str, setting: str) -> None:
 
 
 def matmul_dtype(name: str, setting: str, weights: torch.dtype, device: torch.device) -> torch.dtype:
-    """A recipe's precision for matrix products (`setting` names it in errors): `auto`
-    is bfloat16 for float32 weights on a CPU with bf16 instructions, else the weights'."""
+    """A recipe's precision for matrix products (`setting` names it in errors): `model`
+    is the weights' own; `auto` bfloat16 for float32 weights on a CPU with bf16
+    instructions, else the weights'."""
     check_matmul_dtype(name, setting)
+    if name == "model":
+        return weights
     if name != "auto":
         return getattr(torch, name)
     on_bf16_cpu = device.type == "cpu" and weights == torch.float32 and native_bf16()

@@ -18,7 +18,8 @@ Where the time went on the 2-core CPU, and what this module does about it:
   copy of the transformers model.
 - On a GPU the same eager loop was launch-bound (1 200 kernels a token on an H100,
   the GPU idle 90 % of the time): Llama-family models decode there through
-  `rollout.graph_decode` (static-shape steps replayed from CUDA graphs).
+  `rollout.graph_decode` (static-shape steps compiled by torch.compile and
+  replayed from CUDA graphs).
 """
 
 from __future__ import annotations
@@ -149,8 +150,12 @@ class HFBackend:
     def _static(self) -> bool:
         """Decode through `GraphStep`s: on a GPU by default (`decoder: auto`), anywhere
         with `decoder: static` or `compiled` (eagerly off CUDA)."""
+        return self.sampling.decoder in ("static", "compiled") or self._compiled()
+
+    def _compiled(self) -> bool:
+        """Compile the steps: `decoder: compiled`, or `auto` on a GPU."""
         on_gpu = self.policy.device.type == "cuda"
-        return self.sampling.decoder in ("static", "compiled") or (self.sampling.decoder == "auto" and on_gpu)
+        return self.sampling.decoder == "compiled" or (self.sampling.decoder == "auto" and on_gpu)
 
     def _graphed(self, model: Any) -> bool:
         return self._static() and isinstance(model, LlamaDecoder)
@@ -163,8 +168,7 @@ class HFBackend:
         Finished rows stay in the batch until half of it has finished, then the live
         rows get a step of their own."""
         cache, logits, attention_mask, next_position = self._prefill(model, requests, pad_slots=True)
-        compiled = self.sampling.decoder == "compiled"
-        step = GraphStep.after_prefill(model, cache, attention_mask, next_position, compiled)
+        step = GraphStep.after_prefill(model, cache, attention_mask, next_position, self._compiled())
         del cache
         rows = [_Row(r, [], []) for r in requests]
         batch = list(range(len(rows)))  # rows[batch[j]] is step row j
