@@ -126,8 +126,11 @@ def test_sft_from_with_another_sampler_reuses_the_warm_up(first):
         load_sft_run(out, load_recipe(None, TINY + ["rollout.sampling.max_new_tokens_per_turn=7"]))
     with pytest.raises(ValueError, match="section 'rollout' differs"):  # the evaluations' sampler
         load_sft_run(out, load_recipe(None, TINY + ["rollout.sampling.dtype=bfloat16"]))
-    # the RL update's precision is RL's own: the warm-up's weights and evaluations still hold
+    # the RL update's precision and its sampling temperature (evaluation samples at
+    # eval.temperature) are RL's own: the warm-up's weights and evaluations still hold
     assert not load_sft_run(out, load_recipe(None, TINY + ["lora.base_matmul_dtype=bfloat16"])).rescore
+    hotter = load_sft_run(out, load_recipe(None, TINY + ["rollout.sampling.temperature=1.3"]))
+    assert sorted(hotter.stages) == ["base", "oracle", "sft"] and not hotter.rescore
 
 
 def test_sft_from_with_more_turns_evaluates_the_warm_up_again(first, tmp_path):

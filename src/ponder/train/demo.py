@@ -124,21 +124,26 @@ class _SFTRun:
 # Sections an RL variant may change when it reuses another run's warm-up (tracking
 # only says where metrics go; a changed reward re-scores the warm-up's evaluations),
 # and single keys of other sections: group_size (evaluation always samples one
-# episode per task) and the sampler (the backend draws from the same policy; the
-# warm-up's evaluations stay the ones it made, and the RL stage's are made by the new
-# backend: `ponder eval` the result to compare with one sampler).
+# episode per task), the sampling temperature (evaluation samples at eval.temperature)
+# and the sampler (the backend draws from the same policy; the warm-up's evaluations
+# stay the ones it made, and the RL stage's are made by the new backend: `ponder eval`
+# the result to compare with one sampler).
 RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
 RL_KEYS = {"rollout": ("group_size", "backend", "vllm_url", "vllm_python", "vllm_timeout_s", "vllm_retries",
-                       "vllm_start_timeout_s"),
+                       "vllm_start_timeout_s", "sampling.temperature"),
            "lora": ("base_matmul_dtype",)}  # the training products' precision, not the adapter
 
 
 def _warm_up_settings(recipe: dict[str, Any]) -> dict[str, Any]:
-    """The recipe (as a dict) without what only RL reads."""
+    """The recipe (as a dict) without what only RL reads (`a.b` names a nested key)."""
     kept = {name: dict(section) for name, section in recipe.items() if name not in RL_SECTIONS}
     for name, keys in RL_KEYS.items():
         for key in keys:
-            kept.get(name, {}).pop(key, None)
+            *parents, leaf = key.split(".")
+            node = kept.get(name, {})
+            for parent in parents:  # copied on the way down: the recipe itself is left as it was
+                node[parent] = node = dict(node.get(parent) or {})
+            node.pop(leaf, None)
     return kept
 
 
