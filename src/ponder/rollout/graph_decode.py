@@ -23,9 +23,11 @@ angles and mask; one layer, called for each; the final norm and vocabulary head)
 each layer's residual added at the start of the next so that the add and its
 RMSNorm are one fused kernel once compiled. With `compiled` they go through
 torch.compile (inductor: Triton kernels on a GPU) before being captured, which
-fuses the ~20 small kernels of a layer (norms, rotary, the cache writes, SiLU·up)
-into a handful; the matrix products and attention stay cuBLAS's and SDPA's. One
-compilation per process serves every layer, batch and model of the same shape.
+fuses the ~17 small kernels of a layer (norms, rotary, the cache writes, SiLU·up)
+into four; the matrix products and attention stay cuBLAS's and SDPA's. On an H200
+that made batch-1 decode 1.3x faster (docs/benchmarks.md, "Compiled decode steps").
+One compilation per process serves every layer and model of the same shape (a new
+batch or cache size recompiles once, then its dimension is dynamic).
 
 Off CUDA the same step runs eagerly (or compiled by inductor's C++ backend), which
 is how the CPU tests check it against the lean decoder
