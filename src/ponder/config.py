@@ -87,6 +87,10 @@ class ModelConfig:
     gradient_checkpointing: recompute each layer's activations in the backward pass
         instead of keeping them (less memory for longer sequences, ~30% more compute;
         worth it on a GPU whose memory bounds the batch).
+    activation_offload: keep the activations the backward pass reads (with
+        checkpointing, only each layer's input) in pinned host memory instead of the
+        GPU's, copied back in the backward pass (torch.autograd.graph.save_on_cpu):
+        less GPU memory for the time of the copies. Nothing to gain on a CPU.
     rope_scaling: RoPE scaling for a longer context (RopeScalingConfig); applied on
         load, so evaluation and training both see it.
     """
@@ -95,6 +99,7 @@ class ModelConfig:
     dtype: str = "auto"
     device: str = "auto"
     gradient_checkpointing: bool = False
+    activation_offload: bool = False
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
@@ -118,10 +123,10 @@ class SamplingConfig:
     dtype: the precision the sampling copy computes in: `model` (the default: the
         model's own, bf16 on a GPU), `float32`, `bfloat16`, or `auto`: bfloat16 for a
         float32 model on a CPU with bf16 instructions (AVX-512 BF16 or AMX; ~1.4x the
-        fp32 decode's tokens/s, docs/benchmarks.md), else the model's. When it differs from the trainer's precision the trainer takes the
-        old log-probs from its own forward and corrects with a truncated importance
-        weight (`algo.tis_cap`), as for vLLM; the gap is logged as
-        rollout/logprob_mismatch.
+        fp32 decode's tokens/s, docs/benchmarks.md), else the model's. When it
+        differs from the trainer's precision the trainer takes the old log-probs
+        from its own forward and corrects with a truncated importance weight
+        (`algo.tis_cap`), as for vLLM; the gap is logged as rollout/logprob_mismatch.
     """
 
     temperature: float = 1.0

@@ -3,6 +3,7 @@ value head's estimates) at the positions the loss reads, with a shared prompt re
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -35,35 +36,50 @@ def forward_policy(
     Rows that begin with the same tokens (the G samples of a GRPO group share their
     prompt; every row of a chat batch shares the system prompt) read that prefix once:
     see `_forward_after_shared_prefix`. The result and its gradient are the same.
+    With activation offload on, the tensors saved for backward (the logits' too) go
+    to host memory (`saved_activations`).
     """
-    keep = None
-    if loss_mask is not None:
-        keep = loss_mask.bool().any(0).nonzero().squeeze(-1)
-    shared = 0 if value_head is not None or keep is None else common_prefix_length(input_ids, attention_mask, keep)
-    if shared >= MIN_SHARED_PREFIX:
-        out = _forward_after_shared_prefix(model, input_ids, attention_mask, keep, shared)
-    else:
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-            output_hidden_states=value_head is not None,
-            logits_to_keep=keep if keep is not None else 0,
-        )
-    if keep is None:
-        keep = torch.arange(input_ids.shape[1] - 1, device=input_ids.device)
-        logits = out.logits[:, :-1]
-    else:
-        logits = out.logits
-    scaled = logits / temperature if temperature > 0 and temperature != 1.0 else logits
-    picked, entropy = logprobs_and_entropy(scaled, input_ids[:, keep + 1], with_entropy, entropy_grad)
-    shape = (input_ids.shape[0], input_ids.shape[1] - 1)
-    logprobs = picked.new_zeros(shape).index_copy(1, keep, picked)
-    if entropy is not None:
-        entropy = entropy.new_zeros(shape).index_copy(1, keep, entropy)
-    values = value_head(out.hidden_states[-1][:, :-1]) if value_head is not None else None
-    return logprobs, entropy, values
+    with saved_activations(model, input_ids):
+        keep = None
+        if loss_mask is not None:
+            keep = loss_mask.bool().any(0).nonzero().squeeze(-1)
+        shared = 0
+        if value_head is None and keep is not None:
+            shared = common_prefix_length(input_ids, attention_mask, keep)
+        if shared >= MIN_SHARED_PREFIX:
+            out = _forward_after_shared_prefix(model, input_ids, attention_mask, keep, shared)
+        else:
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask),
+                use_cache=False,
+                output_hidden_states=value_head is not None,
+                logits_to_keep=keep if keep is not None else 0,
+            )
+        if keep is None:
+            keep = torch.arange(input_ids.shape[1] - 1, device=input_ids.device)
+            logits = out.logits[:, :-1]
+        else:
+            logits = out.logits
+        scaled = logits / temperature if temperature > 0 and temperature != 1.0 else logits
+        picked, entropy = logprobs_and_entropy(scaled, input_ids[:, keep + 1], with_entropy, entropy_grad)
+        shape = (input_ids.shape[0], input_ids.shape[1] - 1)
+        logprobs = picked.new_zeros(shape).index_copy(1, keep, picked)
+        if entropy is not None:
+            entropy = entropy.new_zeros(shape).index_copy(1, keep, entropy)
+        values = value_head(out.hidden_states[-1][:, :-1]) if value_head is not None else None
+        return logprobs, entropy, values
+
+
+def saved_activations(model: Any, input_ids: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """Where autograd keeps what the backward pass reads: in host memory when the model
+    was given `activation_offload` (model.activation_offload, models.loading) and a
+    gradient is being taken (pinned, so a GPU copies them back asynchronously), else
+    where they were made."""
+    if getattr(model, "activation_offload", False) and torch.is_grad_enabled():
+        return torch.autograd.graph.save_on_cpu(pin_memory=input_ids.is_cuda)
+    return contextlib.nullcontext()
 
 
 # Below this many shared tokens, a second model call costs more than it saves.

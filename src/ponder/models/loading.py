@@ -145,6 +145,13 @@ def enable_gradient_checkpointing(policy: Policy) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def enable_activation_offload(policy: Policy) -> None:
+    """Keep the activations the backward pass reads in host memory rather than the
+    GPU's (model.activation_offload): `forward_policy`, which every trainer's
+    gradient pass goes through, then runs under torch.autograd.graph.save_on_cpu."""
+    policy.model.activation_offload = True
+
+
 def _ensure_pad_token(tokenizer: Any) -> None:
     # Batched generation pads on the left; a model without a pad token reuses EOS,
     # which is safe because padded positions are masked out of attention and loss.

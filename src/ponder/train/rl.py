@@ -42,7 +42,7 @@ from ponder.algos.kl import KL_REFERENCES
 from ponder.config import Recipe, to_dict
 from ponder.models import Policy, adapters_disabled, apply_lora, load_policy, trainable_snapshot, weights_swapped
 from ponder.models.cpu_matmul import check_matmul_dtype
-from ponder.models.loading import enable_gradient_checkpointing
+from ponder.models.loading import enable_activation_offload, enable_gradient_checkpointing
 from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
@@ -86,13 +86,16 @@ def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
 
 def fresh_trainable(policy: Policy, recipe: Any) -> Policy:
     """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off;
-    gradient checkpointing when the recipe's model section asks for it."""
+    gradient checkpointing and activation offload when the recipe's model section asks."""
     if recipe.model.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     if recipe.lora.enabled:
-        return apply_lora(policy, recipe.lora)
-    for parameter in policy.model.parameters():
-        parameter.requires_grad_(True)
+        policy = apply_lora(policy, recipe.lora)
+    else:
+        for parameter in policy.model.parameters():
+            parameter.requires_grad_(True)
+    if recipe.model.activation_offload:
+        enable_activation_offload(policy)
     return policy
 
 
