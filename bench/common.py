@@ -57,6 +57,7 @@ class BenchConfig:
     device / dtype: where both systems run (`cpu` float32 by default; `cuda`
         bfloat16 on a GPU: the base weights in bf16 on both, LoRA weights float32).
     decoder: ponder's `rollout.sampling.decoder` (TRL generates with transformers).
+    activation_offload: ponder's `model.activation_offload` (its peak GPU memory).
     """
 
     workload: str = "single"
@@ -81,6 +82,7 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     decoder: str = "auto"
+    activation_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU rows of docs/benchmarks.md ("On a GPU"), in one device call:
+# The GPU rows of docs/benchmarks.md ("On a GPU"), in one device call (under 10 min):
 #   bash bench/gpu_run.sh OUT_DIR
 # Needs a CUDA machine with torch, transformers, peft, accelerate (the device image),
 # and in .whl/ (installed into /tmp/site) the wheels the image lacks, for Python 3.12:
@@ -16,9 +16,16 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 python3 -m bench.gpu_model --shape qwen2.5-1.5b --out /tmp/q15 --device cuda || exit 1
-timeout ${DECODE_S:-300} python3 -m bench.gpu_decode --model /tmp/q15 --batches 1 16 256 \
+timeout ${DECODE_S:-220} python3 -m bench.gpu_decode --model /tmp/q15 --batches 1 16 256 \
     --decoders transformers auto compiled --out "$OUT/gpu_decode.json" 2>&1 | grep -v "^USDT\|Warning\|warn("
-timeout ${GRPO_S:-200} python3 bench/grpo_vs_trl.py --workload single --model /tmp/q15 --device cuda \
+timeout ${GRPO_S:-170} python3 bench/grpo_vs_trl.py --workload single --model /tmp/q15 --device cuda \
     --dtype bfloat16 --gate-model tiny --threads 8 --prompts-per-step 4 --group-size 8 --max-new-tokens 256 \
     --steps 5 --warmup 1 --micro-batch 8 --decoder ${GRPO_DECODER:-compiled} --out "$OUT/grpo_vs_trl.json" 2>&1 \
     | grep -v "^USDT" | tail -40
+# model.activation_offload: one pass of 32 (the 64 GB peak of "On a GPU" (b)) with and without it
+for offload in "" --activation-offload; do
+  timeout ${OFFLOAD_S:-100} python3 bench/grpo_vs_trl.py --workload single --model /tmp/q15 --device cuda \
+      --dtype bfloat16 --gate-model tiny --threads 8 --prompts-per-step 4 --group-size 8 --max-new-tokens 256 \
+      --steps 2 --warmup 1 --micro-batch 0 $offload --out "$OUT/grpo_onepass${offload:+_offload}.json" 2>&1 \
+      | grep -i "peak\|update\|step (s)" | tail -6
+done

@@ -242,6 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--micro-batch", type=int, default=4,
                         help="ponder's episodes per forward/backward in the update (0: whole batch, one pass)")
     parser.add_argument("--decoder", default="auto", help="ponder's rollout.sampling.decoder")
+    parser.add_argument("--activation-offload", action="store_true", help="ponder's model.activation_offload")
     parser.add_argument("--sft-steps", type=int, default=40)
     parser.add_argument("--sft-examples", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None, help="write all results as JSON here")
@@ -285,6 +286,7 @@ def workload_config(args: argparse.Namespace, workload: str, model_dir: str) -> 
         device=args.device,
         dtype=args.dtype,
         decoder=args.decoder,
+        activation_offload=args.activation_offload,
     )
 
 

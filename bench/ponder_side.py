@@ -38,6 +38,7 @@ def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Reci
         f"model.name={cfg.model}",
         f"model.dtype={cfg.dtype}",
         f"model.device={cfg.device}",
+        f"model.activation_offload={str(cfg.activation_offload).lower()}",
         f"rollout.batch_size={cfg.batch_size}",
         f"rollout.group_size={cfg.group_size}",
         f"rollout.sampling.temperature={cfg.temperature}",

@@ -59,3 +59,32 @@ def test_batch_to_its_own_device_is_the_same_object():
                        rewards=torch.zeros(1), turn_rewards=torch.zeros(1, 1), turn_mask=torch.ones(1, 1),
                        group_ids=["g"])  # fmt: skip
     assert batch.to(torch.device("cpu")) is batch
+
+
+def test_activation_offload_gives_the_same_loss_and_gradient(trained_lora):
+    """What autograd saves goes to host memory and back (save_on_cpu): the same gradient,
+    and the recipe's switch reaches the model however the policy was made."""
+    from ponder.models.forward import saved_activations
+    from ponder.train.rl import prepare_policy
+
+    ids = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 23)
+    mask[:, 5:] = 1.0
+    torch.manual_seed(0)
+    plain = trained_lora(tiny_policy(seed=0))
+    torch.manual_seed(0)
+    offloaded = trained_lora(tiny_policy(seed=0))
+    recipe = load_recipe(None, ["model.name=tiny", "model.activation_offload=true"])
+    offloaded = prepare_policy(recipe, offloaded)  # already adapted: only the settings applied
+    assert offloaded.model.activation_offload and not getattr(plain.model, "activation_offload", False)
+    assert isinstance(saved_activations(offloaded.model, ids), torch.autograd.graph.save_on_cpu)
+    with torch.no_grad():  # no gradient: nothing is saved, nothing to move
+        assert not isinstance(saved_activations(offloaded.model, ids), torch.autograd.graph.save_on_cpu)
+    loss_a, grads_a = _loss_grads(plain, ids, mask)
+    loss_b, grads_b = _loss_grads(offloaded, ids, mask)
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+    fresh = fresh_trainable(tiny_policy(seed=0), recipe)
+    assert fresh.model.activation_offload

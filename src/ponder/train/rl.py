@@ -39,7 +39,7 @@ from ponder.algos import (
 from ponder.algos.curriculum import CURRICULA
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.algos.kl import KL_REFERENCES
-from ponder.config import Recipe, to_dict
+from ponder.config import ModelConfig, Recipe, to_dict
 from ponder.models import Policy, adapters_disabled, apply_lora, load_policy, trainable_snapshot, weights_swapped
 from ponder.models.cpu_matmul import check_matmul_dtype
 from ponder.models.loading import enable_activation_offload, enable_gradient_checkpointing
@@ -77,7 +77,7 @@ def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
         recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
     )
     if hasattr(policy.model, "peft_config"):  # already adapted (e.g. by the SFT warm-up)
-        return policy
+        return with_memory_settings(policy, recipe.model)
     if not recipe.lora.enabled and recipe.algo.kl_coef > 0:
         raise ValueError("full fine-tuning keeps no reference copy: set algo.kl_coef=0 or lora.enabled=true")
     torch.manual_seed(recipe.train.seed)
@@ -85,16 +85,21 @@ def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
 
 
 def fresh_trainable(policy: Policy, recipe: Any) -> Policy:
-    """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off;
-    gradient checkpointing and activation offload when the recipe's model section asks."""
-    if recipe.model.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
+    """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off,
+    with the recipe's memory settings (`with_memory_settings`)."""
     if recipe.lora.enabled:
         policy = apply_lora(policy, recipe.lora)
     else:
         for parameter in policy.model.parameters():
             parameter.requires_grad_(True)
-    if recipe.model.activation_offload:
+    return with_memory_settings(policy, recipe.model)
+
+
+def with_memory_settings(policy: Policy, model: ModelConfig) -> Policy:
+    """Gradient checkpointing and activation offload, when the model section asks."""
+    if model.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    if model.activation_offload:
         enable_activation_offload(policy)
     return policy
 
