@@ -99,3 +99,36 @@ def test_static_steps_refuse_packed_matrices():
     packed.pack = True  # as built for the CPU decoder, whether or not a matrix won packing
     with pytest.raises(ValueError, match="pack=False"):
         GraphStep(packed, [], torch.ones(1, 4, dtype=torch.bool), torch.tensor([2]), 2)
+
+
+def test_a_failed_compilation_decodes_uncompiled_with_one_warning(monkeypatch):
+    """No working compiler (here inductor's C++ one; on a GPU, Triton): the step warns,
+    gives the uncompiled step's logits, and the process stops trying to compile."""
+    import torch._dynamo
+    import torch._inductor.config as inductor
+
+    from ponder.rollout import graph_decode
+
+    monkeypatch.setattr(graph_decode, "_COMPILE_FAILED", [])
+    graph_decode._step_functions.cache_clear()
+    torch._dynamo.reset()
+    policy = tiny_qwen2()
+    plain = lean_decoder(policy.model, pack=False)
+    ids = torch.randint(5, 300, (2, 4), generator=torch.Generator().manual_seed(3))
+    mask, positions = torch.ones_like(ids), torch.arange(4).expand(2, 4)
+    layers = policy.model.config.num_hidden_layers
+    steps = []
+    for compiled in (False, True):
+        cache = SlabCache(layers, 8, [None] * 2, 0)
+        plain(ids, mask, positions, cache)
+        steps.append(GraphStep.after_prefill(plain, cache, mask, positions[:, -1:] + 1, compiled))
+    tokens = torch.tensor([7, 9])
+    with inductor.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
+        with pytest.warns(UserWarning, match=r"torch.compile failed \(.*No working C\+\+ compiler"):
+            actual = steps[1](tokens)
+    assert torch.equal(actual, steps[0](tokens))
+    assert not steps[1].compiled and len(graph_decode._COMPILE_FAILED) == 1
+    again = graph_decode.step_functions(plain.heads, plain.kv_heads, plain.head_dim, plain.eps, True)
+    assert again.layer is steps[0].functions.layer  # the uncompiled functions, not another try
+    graph_decode._step_functions.cache_clear()
+    torch._dynamo.reset()

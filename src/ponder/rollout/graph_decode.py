@@ -29,6 +29,9 @@ that made batch-1 decode 1.3x faster (docs/benchmarks.md, "Compiled decode steps
 One compilation per process serves every layer and model of the same shape (a new
 batch or cache size recompiles once, then its dimension is dynamic).
 
+If compilation fails (no Triton for this GPU, no C++ compiler on a CPU) the step
+warns once and runs uncompiled for the rest of the process.
+
 Off CUDA the same step runs eagerly (or compiled by inductor's C++ backend), which
 is how the CPU tests check it against the lean decoder
 (tests/rollout/test_graph_decode.py).
@@ -37,6 +40,7 @@ is how the CPU tests check it against the lean decoder
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, NamedTuple
 
 import torch
@@ -52,9 +56,17 @@ class StepFunctions(NamedTuple):
     epilogue: Any  # (hidden, delta, norm, head, head_bias) -> logits [B, V]
 
 
-@functools.lru_cache(maxsize=None)
 def step_functions(heads: int, kv_heads: int, head_dim: int, eps: float, compiled: bool) -> StepFunctions:
-    """The step's functions for a model shape, compiled once per process if asked."""
+    """The step's functions for a model shape, compiled once per process if asked
+    (and compilation has not failed in this process)."""
+    return _step_functions(heads, kv_heads, head_dim, eps, compiled and not _COMPILE_FAILED)
+
+
+_COMPILE_FAILED: list[str] = []  # the first failure's message, once compilation has failed
+
+
+@functools.lru_cache(maxsize=None)
+def _step_functions(heads: int, kv_heads: int, head_dim: int, eps: float, compiled: bool) -> StepFunctions:
     groups = heads // kv_heads
 
     def prologue(tokens, positions, valid, embed, inv_freq):
@@ -77,7 +89,8 @@ def step_functions(heads: int, kv_heads: int, head_dim: int, eps: float, compile
         grouped = q.reshape(rows, kv_heads, groups, head_dim)
         attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
         hidden = hidden + _linear(attended.reshape(rows, 1, heads * head_dim), o, o_bias)
-        gate, up = _linear(F.rms_norm(hidden, hidden.shape[-1:], post_norm, eps), gate_up, None).chunk(2, dim=-1)
+        normed = F.rms_norm(hidden, hidden.shape[-1:], post_norm, eps)
+        gate, up = _linear(normed, gate_up, None).chunk(2, dim=-1)
         return hidden, _linear(F.silu(gate) * up, down, None)
 
     def epilogue(hidden, delta, norm, head, head_bias):
@@ -104,12 +117,13 @@ class GraphStep:
     def __init__(self, decoder: LlamaDecoder, kv: list[tuple[torch.Tensor, torch.Tensor]], valid: torch.Tensor,
                  positions: torch.Tensor, slot: int, compiled: bool = False) -> None:  # fmt: skip
         if decoder.pack:
-            raise ValueError("GraphStep: the decoder's matrices are packed; use lean_decoder(..., pack=False)")
+            raise ValueError("GraphStep: the decoder's matrices are packed: use lean_decoder(..., pack=False)")
         self.decoder, self.kv, self.compiled = decoder, kv, compiled
-        self.functions = step_functions(decoder.heads, decoder.kv_heads, decoder.head_dim, decoder.eps, compiled)
+        self.functions = self._functions()
         self.weights = [
-            (l.input_norm, l.qkv.weight, l.qkv.bias, l.o.weight, l.o.bias, l.post_norm, l.gate_up.weight, l.down.weight)
-            for l in decoder.layers
+            (x.input_norm, x.qkv.weight, x.qkv.bias, x.o.weight, x.o.bias, x.post_norm, x.gate_up.weight,
+             x.down.weight)
+            for x in decoder.layers
         ]
         self.valid = valid  # [B, S] bool: slots holding a token the row has read
         self.positions = positions  # [B] the next token's position
@@ -159,6 +173,24 @@ class GraphStep:
         return GraphStep(self.decoder, kv, self.valid[at], self.positions[at], self.slot, self.compiled)
 
     def _forward(self) -> torch.Tensor:
+        try:
+            return self._step()
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            if not self.compiled:
+                raise
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            _COMPILE_FAILED.append(first)
+            warnings.warn(f"rollout: torch.compile failed ({first}); decoding uncompiled from now on "
+                          "(rollout.sampling.decoder: static skips compiling)", stacklevel=2)  # fmt: skip
+            self.compiled = False
+            self.functions = self._functions()
+            return self._step()
+
+    def _functions(self) -> StepFunctions:
+        d = self.decoder
+        return step_functions(d.heads, d.kv_heads, d.head_dim, d.eps, self.compiled)
+
+    def _step(self) -> torch.Tensor:
         decoder, functions = self.decoder, self.functions
         hidden, delta, cos, sin, mask = functions.prologue(
             self.tokens, self.positions, self.valid, decoder.embed, decoder.inv_freq
