@@ -109,19 +109,7 @@ def run_gate(
 ) -> GateResult:
     """Compare ponder and TRL on the fixed batch. `ponder_aggregation` overrides the
     mapped aggregation (a deliberate mismatch shows the gate catches one)."""
-    cfg = BenchConfig(
-        workload="single",
-        model=model_dir,
-        prompts_per_step=len(PROMPT_LENGTHS),
-        group_size=2,
-        max_new_tokens=max(RESPONSE_LENGTHS),
-        temperature=temperature,
-        seed=seed,
-        beta=beta,
-        loss_type=loss_type,
-        lora_r=lora_r,
-        lora_alpha=lora_alpha,
-    )
+    cfg = gate_config(model_dir, loss_type, beta, temperature, seed, lora_r, lora_alpha)
     ponder64, trl64 = both_sides(cfg, ponder_aggregation, "float64")
     ponder32, trl32 = both_sides(cfg, ponder_aggregation, "float32")
     result = compare(ponder64, trl64, loss_type, tolerance)
@@ -134,6 +122,24 @@ def run_gate(
         and result.fp32_ponder_error <= max(tolerance, result.fp32_trl_error)
     )
     return result
+
+
+def gate_config(model_dir: str, loss_type: str = "dapo", beta: float = 0.04, temperature: float = 1.0,
+                seed: int = 0, lora_r: int = 16, lora_alpha: int = 32) -> BenchConfig:  # fmt: skip
+    """The benchmark settings of the gate's fixed batch (two groups of two samples)."""
+    return BenchConfig(
+        workload="single",
+        model=model_dir,
+        prompts_per_step=len(PROMPT_LENGTHS),
+        group_size=2,
+        max_new_tokens=max(RESPONSE_LENGTHS),
+        temperature=temperature,
+        seed=seed,
+        beta=beta,
+        loss_type=loss_type,
+        lora_r=lora_r,
+        lora_alpha=lora_alpha,
+    )
 
 
 @dataclass
