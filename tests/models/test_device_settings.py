@@ -28,6 +28,15 @@ def _loss_grads(policy, ids, mask):
     return float(loss.detach()), {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
 
 
+def _assert_same_loss_and_grads(a, b, ids, mask):
+    loss_a, grads_a = _loss_grads(a, ids, mask)
+    loss_b, grads_b = _loss_grads(b, ids, mask)
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+
+
 def test_gradient_checkpointing_gives_the_same_loss_and_gradient(trained_lora):
     """Checkpointing recomputes activations; it must not change the gradient."""
     ids = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(0))
@@ -39,12 +48,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradient(trained_lora):
     checkpointed = trained_lora(tiny_policy(seed=0))
     enable_gradient_checkpointing(checkpointed)
     assert checkpointed.model.get_base_model().is_gradient_checkpointing
-    loss_a, grads_a = _loss_grads(plain, ids, mask)
-    loss_b, grads_b = _loss_grads(checkpointed, ids, mask)
-    assert loss_a == pytest.approx(loss_b, abs=1e-6)
-    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
-    for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+    _assert_same_loss_and_grads(plain, checkpointed, ids, mask)
 
 
 def test_recipe_turns_gradient_checkpointing_on():
@@ -80,11 +84,6 @@ def test_activation_offload_gives_the_same_loss_and_gradient(trained_lora):
     assert isinstance(saved_activations(offloaded.model, ids), torch.autograd.graph.save_on_cpu)
     with torch.no_grad():  # no gradient: nothing is saved, nothing to move
         assert not isinstance(saved_activations(offloaded.model, ids), torch.autograd.graph.save_on_cpu)
-    loss_a, grads_a = _loss_grads(plain, ids, mask)
-    loss_b, grads_b = _loss_grads(offloaded, ids, mask)
-    assert loss_a == pytest.approx(loss_b, abs=1e-6)
-    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
-    for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+    _assert_same_loss_and_grads(plain, offloaded, ids, mask)
     fresh = fresh_trainable(tiny_policy(seed=0), recipe)
     assert fresh.model.activation_offload
