@@ -178,7 +178,7 @@ class GraphStep:
         except torch._dynamo.exc.BackendCompilerFailed as error:
             if not self.compiled:
                 raise
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             _COMPILE_FAILED.append(first)
             warnings.warn(f"rollout: torch.compile failed ({first}); decoding uncompiled from now on "
                           "(rollout.sampling.decoder: static skips compiling)", stacklevel=2)  # fmt: skip
