@@ -83,6 +83,26 @@ def test_greedy_batch_equals_each_row_alone(spiky):
         assert a.text == b.text == spiky.tokenizer.decode(a.token_ids, skip_special_tokens=True)
 
 
+def test_finished_rows_left_in_the_batch_change_nothing(spiky, monkeypatch):
+    # Five rows, the small-batch rule off: when the first finishes (step 7) four of
+    # five still generate, so it stays in the batch and cache (hf.COMPACT_AT) until
+    # the fifth finishes (step 13).
+    from ponder.rollout import hf
+
+    monkeypatch.setattr(hf, "SMALL_BATCH", 0)
+    assert 4 > 5 * hf.COMPACT_AT >= 3
+    ids = contexts(spiky)
+    max_new = [7, 20, 20, 20, 13]
+    batch = [GenerationRequest(f"row{i}", ids[i % 3], n) for i, n in enumerate(max_new)]
+    backend = greedy(spiky)
+    together = backend.generate(batch, [])
+    alone = [backend.generate([request], [])[0] for request in batch]
+    assert [len(g.token_ids) for g in together] == max_new
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+    for a, b in zip(together, alone):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
 def test_greedy_batch_equals_each_row_alone_with_absolute_positions():
     # Llama's rotary positions are relative, so a constant position offset from the
     # padding cannot show; GPT-2's learned absolute positions expose wrong position ids.

@@ -60,7 +60,7 @@ def sample_tokens(
     if temperature <= 0:
         tokens = logits.argmax(-1)
         return tokens, logprobs_from_logits(logits, tokens)
-    scaled = logits / temperature
+    scaled = logits if temperature == 1.0 else logits / temperature  # a copy of the logits saved
     probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)

@@ -120,23 +120,19 @@ class HFBackend:
             return self._generate_graphed(model, requests, stop_strings)
         cache, logits, attention_mask, next_position = self._prefill(model, requests)
         rows = [_Row(r, [], []) for r in requests]
-        active = list(range(len(rows)))  # rows[active[j]] is batch row j
-        while active:
+        batch = list(range(len(rows)))  # rows[batch[j]] is batch row j
+        live = list(range(len(rows)))  # batch rows still generating
+        while True:
             token_list, logprob_list, tokens = self._sample(logits)
-            keep = []
-            for j, row_index in enumerate(active):
-                if not self._record(rows[row_index], token_list[j], logprob_list[j], stop_strings):
-                    keep.append(j)
-                else:
-                    self._keep_past(rows[row_index], cache, attention_mask[j], j)
-            if not keep:
+            live = self._book(rows, batch, live, token_list, logprob_list, stop_strings, cache, attention_mask)
+            if not live:
                 break
-            if len(keep) < len(active):  # drop finished rows from the batch and the cache
-                index = torch.tensor(keep, device=attention_mask.device)
+            if _compact(live, batch):  # drop finished rows from the batch and the cache
+                index = torch.tensor(live, device=attention_mask.device)
                 cache.batch_select_indices(index)
                 attention_mask, next_position, tokens = attention_mask[index], next_position[index], tokens[index]
-                active = [active[j] for j in keep]
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
+                batch, live = [batch[j] for j in live], list(range(len(live)))
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(batch), 1)], dim=1)
             out = model(
                 input_ids=tokens.unsqueeze(-1),
                 attention_mask=attention_mask,
@@ -178,14 +174,9 @@ class HFBackend:
             sampled = _HostCopy(torch.stack([tokens.double(), logprobs.double()]))
             logits = step(tokens)  # queued behind the copy: runs while this loop books the rows
             token_list, logprob_list = sampled.wait()
-            still = []
-            for j in live:
-                if not self._record(rows[batch[j]], int(token_list[j]), logprob_list[j], stop_strings):
-                    still.append(j)
-                else:  # the slots read before the last token (the step above read it too)
-                    self._keep_past(rows[batch[j]], step, step.attention_mask()[j, :-1], j)
-            live = still
-            if live and len(live) <= len(batch) // 2:  # compact: the live rows in a step of their own
+            # a finished row keeps the slots read before its last token (the step above read it too)
+            live = self._book(rows, batch, live, token_list, logprob_list, stop_strings, step, step.attention_mask()[:, :-1])
+            if live and _compact(live, batch):  # the live rows in a step of their own
                 logits, step, batch = logits[live], step.select(live), [batch[j] for j in live]
                 live = list(range(len(live)))
         return [self._to_generation(row) for row in rows]
@@ -194,6 +185,19 @@ class HFBackend:
         tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
         # One device-to-host copy per step, not one per row (each is a GPU sync).
         return tokens.tolist(), logprobs.tolist(), tokens
+
+    def _book(self, rows: list[_Row], batch: list[int], live: list[int], tokens: list, logprobs: list,
+              stop_strings: list[str], cache: Any, mask: torch.Tensor) -> list[int]:  # fmt: skip
+        """Record each live batch row's sampled token; keep the past of each row that
+        finished (batch row j of `cache`, the slots mask[j] marks). Returns the rows
+        still generating."""
+        still = []
+        for j in live:
+            if not self._record(rows[batch[j]], int(tokens[j]), logprobs[j], stop_strings):
+                still.append(j)
+            else:
+                self._keep_past(rows[batch[j]], cache, mask[j], j)
+        return still
 
     def _record(self, row: _Row, token: int, logprob: float, stop_strings: list[str]) -> bool:
         """Append a sampled token to its row; True when the row has finished."""
@@ -318,6 +322,22 @@ class _HostCopy:
             self.event.synchronize()
         return self.host.tolist()
 
+
+
+COMPACT_AT = 0.75
+SMALL_BATCH = 16
+
+
+def _compact(live: list[int], batch: list[int]) -> bool:
+    """Whether to drop the finished rows from the batch now. Dropping copies every
+    layer's cache; keeping a finished row costs its share of each step. At batch 32
+    and 128, dropping whenever a row finished spent a quarter of the generation in
+    copies, so there finished rows stay until a quarter of the batch has finished; at
+    batch 8 the copies are small and dropping at once was faster (docs/benchmarks.md,
+    "Finished rows")."""
+    if len(batch) <= SMALL_BATCH:
+        return len(live) < len(batch)
+    return len(live) <= len(batch) * COMPACT_AT
 
 
 def _merged_copy(model: Any) -> Any:
