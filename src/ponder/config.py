@@ -360,12 +360,15 @@ class EvalConfig:
         Decoding a small model on CPU is memory-bound, so a large batch (e.g. every
         episode at once) is several times faster per episode.
     out: output directory for trajectories.parquet and metrics.json.
+    split: the tasks evaluated: `eval` (held out, the default) or `train` (those RL
+        and SFT draw from: how well the policy does on what it trained on).
     """
 
     episodes: int = 32
     temperature: float = 0.0
     batch_size: int = 0
     out: str = "runs/eval"
+    split: str = "eval"
 
 
 @dataclass

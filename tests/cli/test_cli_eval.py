@@ -136,3 +136,21 @@ def test_eval_samples_k_episodes_per_task(tmp_path):
 def test_eval_refuses_zero_samples(tmp_path, capsys):
     message = _bad_input(["--model", "tiny", "--samples", "0"], tmp_path, capsys)
     assert "--samples must be at least 1, got 0" in message
+
+
+def test_eval_split_train_runs_the_training_tasks(tmp_path):
+    from ponder.config import load_recipe
+    from ponder.wiring import build_env
+
+    out = tmp_path / "run"
+    overrides = [*TINY[2:], "env.taskgen.n_train=6", "eval.split=train"]
+    assert main(["eval", "--model", "tiny", "--episodes", "3", "--out", str(out), *overrides]) == 0
+    spec = build_env(load_recipe(None, overrides))
+    evaluated = [t.task_id for t in load_trajectories(out / "trajectories.parquet")]
+    assert evaluated == [t.id for t in spec.train[:3]]
+    assert not set(evaluated) & {t.id for t in spec.eval}
+
+
+def test_eval_refuses_an_unknown_split(tmp_path, capsys):
+    message = _bad_input(["--model", "tiny", "eval.split=test"], tmp_path, capsys)
+    assert "eval.split: unknown 'test'; valid: eval, train" in message

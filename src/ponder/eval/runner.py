@@ -51,10 +51,13 @@ def evaluate(
         policy = load_policy(
             recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
         )
+    if recipe.eval.split not in ("eval", "train"):
+        raise EvalInputError(f"eval.split: unknown '{recipe.eval.split}'; valid: eval, train")
     spec = build_env(recipe, policy.tokenizer)
-    if not spec.eval:
-        raise EvalInputError(f"env.kind '{recipe.env.kind}': no evaluation tasks (the task file or generator gives none)")
-    tasks = spec.eval[: recipe.eval.episodes]
+    split = spec.eval if recipe.eval.split == "eval" else spec.train
+    if not split:
+        raise EvalInputError(f"env.kind '{recipe.env.kind}': no {recipe.eval.split} tasks (the task file or generator gives none)")
+    tasks = split[: recipe.eval.episodes]
     factory = spec.factory
     backend: GenerationBackend = (
         ScriptedBackend(policy.tokenizer, {t.id: t.oracle_actions for t in tasks})
