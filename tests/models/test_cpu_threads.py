@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ponder.models.cpu_threads import (
-    CpuSnapshot, Decisions, step_threads, others_busy, read_snapshot, threads_for, torch_threads,
+    STALE_S, WINDOW_S, CpuSnapshot, Decisions, step_threads, others_busy, read_snapshot, threads_for, torch_threads,
 )  # fmt: skip
 
 
@@ -92,6 +92,28 @@ def test_a_decision_beside_two_busy_processes_takes_one_thread():
     finally:
         os.killpg(load.pid, 9)
         load.wait()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs /proc/stat and two cores")  # fmt: skip
+def test_a_job_that_ended_before_a_long_interval_is_measured_afresh():
+    # The interval since the last decision was spent beside a job that has ended: the
+    # next decision measures a fresh window after it, not the interval.
+    two = set(sorted(os.sched_getaffinity(0))[:2])
+    spin = (f"import multiprocessing as m, os\nos.sched_setaffinity(0, {two})\n"
+            "def s():\n    while True: pass\nm.Process(target=s, daemon=True).start()\ns()")  # fmt: skip
+    load = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    decisions = Decisions()
+    try:
+        time.sleep(0.5)
+        assert decisions.choose(2, two) == 1
+        time.sleep(STALE_S + 0.2)
+    finally:
+        os.killpg(load.pid, 9)
+        load.wait()
+    ended = time.monotonic()
+    decisions.choose(2, two)
+    assert decisions.snapshot.wall >= ended + 0.9 * WINDOW_S
 
 
 def test_forced_count_and_bad_values(monkeypatch):

