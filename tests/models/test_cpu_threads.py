@@ -1,9 +1,11 @@
 """The decode thread count under CPU contention (ponder.models.cpu_threads)."""
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -75,42 +77,44 @@ def test_two_busy_processes_read_as_the_others_not_as_this_process():
     assert others_busy(before, after) > (1.5 if len(cores) >= 2 else 0.8)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs /proc/stat and two cores")  # fmt: skip
-def test_a_decision_beside_two_busy_processes_takes_one_thread():
+TWO_CORES = pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2,
+                               reason="needs /proc/stat and two cores")  # fmt: skip
+
+
+@contextlib.contextmanager
+def two_spinners() -> Iterator[set[int]]:
+    """Two busy processes (a session of their own) on this process's first two cores,
+    which it yields; killed on exit."""
     two = set(sorted(os.sched_getaffinity(0))[:2])
     spin = (f"import multiprocessing as m, os\nos.sched_setaffinity(0, {two})\n"
             "def s():\n    while True: pass\nm.Process(target=s, daemon=True).start()\ns()")  # fmt: skip
     load = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
     try:
         time.sleep(0.5)
+        yield two
+    finally:
+        os.killpg(load.pid, 9)
+        load.wait()
+
+
+@TWO_CORES
+def test_a_decision_beside_two_busy_processes_takes_one_thread():
+    with two_spinners() as two:
         decisions = Decisions()
         assert decisions.choose(2, two) == 1  # a fresh 0.1 s window: the two cores are taken
         first = decisions.snapshot
         assert decisions.choose(2, two) == 1 and decisions.snapshot is first  # reused, not measured
         assert decisions.choose(1, two) == 1
-    finally:
-        os.killpg(load.pid, 9)
-        load.wait()
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs /proc/stat and two cores")  # fmt: skip
+@TWO_CORES
 def test_a_job_that_ended_before_a_long_interval_is_measured_afresh():
     # The interval since the last decision was spent beside a job that has ended: the
     # next decision measures a fresh window after it, not the interval.
-    two = set(sorted(os.sched_getaffinity(0))[:2])
-    spin = (f"import multiprocessing as m, os\nos.sched_setaffinity(0, {two})\n"
-            "def s():\n    while True: pass\nm.Process(target=s, daemon=True).start()\ns()")  # fmt: skip
-    load = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
     decisions = Decisions()
-    try:
-        time.sleep(0.5)
+    with two_spinners() as two:
         assert decisions.choose(2, two) == 1
         time.sleep(STALE_S + 0.2)
-    finally:
-        os.killpg(load.pid, 9)
-        load.wait()
     ended = time.monotonic()
     decisions.choose(2, two)
     assert decisions.snapshot.wall >= ended + 0.9 * WINDOW_S
