@@ -56,7 +56,9 @@ def evaluate(
     spec = build_env(recipe, policy.tokenizer)
     split = spec.eval if recipe.eval.split == "eval" else spec.train
     if not split:
-        raise EvalInputError(f"env.kind '{recipe.env.kind}': no {recipe.eval.split} tasks (the task file or generator gives none)")
+        raise EvalInputError(
+            f"env.kind '{recipe.env.kind}': no {recipe.eval.split} tasks (the task file or generator gives none)"
+        )
     tasks = split[: recipe.eval.episodes]
     factory = spec.factory
     backend: GenerationBackend = (

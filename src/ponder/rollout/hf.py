@@ -175,8 +175,9 @@ class HFBackend:
             logits = step(tokens)  # queued behind the copy: runs while this loop books the rows
             token_list, logprob_list = sampled.wait()
             # a finished row keeps the slots read before its last token (the step above read it too)
-            live = self._book(rows, batch, live, token_list, logprob_list, stop_strings, step, step.attention_mask()[:, :-1])
-            if live and _compact(live, batch):  # the live rows in a step of their own
+            read = step.attention_mask()[:, :-1]
+            live = self._book(rows, batch, live, token_list, logprob_list, stop_strings, step, read)
+            if live and len(live) <= len(batch) // 2:  # the live rows in a step (new graphs) of their own
                 logits, step, batch = logits[live], step.select(live), [batch[j] for j in live]
                 live = list(range(len(live)))
         return [self._to_generation(row) for row in rows]
@@ -323,7 +324,6 @@ class _HostCopy:
         return self.host.tolist()
 
 
-
 COMPACT_AT = 0.75
 SMALL_BATCH = 16
 
@@ -334,7 +334,8 @@ def _compact(live: list[int], batch: list[int]) -> bool:
     and 128, dropping whenever a row finished spent a quarter of the generation in
     copies, so there finished rows stay until a quarter of the batch has finished; at
     batch 8 the copies are small and dropping at once was faster (docs/benchmarks.md,
-    "Finished rows")."""
+    "Finished rows"). The GPU's static steps (`_generate_graphed`) wait for half:
+    there a smaller batch means new CUDA graphs."""
     if len(batch) <= SMALL_BATCH:
         return len(live) < len(batch)
     return len(live) <= len(batch) * COMPACT_AT
