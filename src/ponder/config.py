@@ -527,6 +527,9 @@ class TrainConfig:
         demonstrations too (else the warm-up may have memorised its answers, which
         favours step 0), drawn with seed 0 whatever train.seed, so RL seeds that
         share one warm-up share the split.
+    outside_sft: RL draws only from training tasks the SFT warm-up did not
+        demonstrate (its first sft.examples of sft.task_kinds): questions whose
+        answers the warm-up has not memorised. Not with val_outside_sft.
     patience: stop after this many validation evaluations without a new best (0 = never).
     keep_best: end on the best validation weights (kept in RUN_DIR/best), not the last.
     save_every: checkpoint every N steps (always at the end).
@@ -560,6 +563,7 @@ class TrainConfig:
     eval_episodes: int = 32
     val_tasks: int = 0
     val_outside_sft: bool = False
+    outside_sft: bool = False
     patience: int = 0
     keep_best: bool = True
     save_every: int = 5

@@ -102,12 +102,26 @@ def policy_completion(policy: Policy | None, max_tokens: int) -> Any:
 
 
 def train_tasks(recipe: Recipe, spec: EnvSpec) -> list:
-    """The training tasks, restricted to train.task_kinds when it names any."""
+    """The training tasks, restricted to train.task_kinds when it names any, and to
+    those the SFT warm-up did not demonstrate under train.outside_sft."""
     kinds = set(recipe.train.task_kinds)
     tasks = [t for t in spec.train if not kinds or t.kind in kinds]
+    if recipe.train.outside_sft:
+        if recipe.train.val_outside_sft:
+            raise ValueError("train.outside_sft and train.val_outside_sft: choose one (each is defined by the other)")
+        demonstrated = {t.id for t in sft_tasks(recipe, spec)}
+        tasks = [t for t in tasks if t.id not in demonstrated]
     if not tasks:
-        raise ValueError(f"env.kind '{recipe.env.kind}': no training tasks (train.task_kinds={sorted(kinds)})")
+        raise ValueError(f"env.kind '{recipe.env.kind}': no training tasks (train.task_kinds={sorted(kinds)}"
+                         f"{', train.outside_sft' if recipe.train.outside_sft else ''})")  # fmt: skip
     return tasks
+
+
+def sft_tasks(recipe: Recipe, spec: EnvSpec, held: set[str] = frozenset()) -> list:
+    """The tasks the SFT warm-up demonstrates: the first sft.examples training tasks
+    of sft.task_kinds, less `held` (a validation split kept out of SFT)."""
+    kinds = set(recipe.sft.task_kinds)
+    return [t for t in spec.train if (not kinds or t.kind in kinds) and t.id not in held][: recipe.sft.examples]
 
 
 BACKENDS = ("hf", "vllm")

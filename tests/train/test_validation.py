@@ -72,6 +72,26 @@ def test_validation_outside_sft_is_left_out_of_the_warm_up_for_every_rl_seed():
     assert {d.task_id for d in recipe_demonstrations(plain, policy)} == {t.id for t in tasks}  # ... and SFT sees it
 
 
+def test_rl_outside_sft_draws_only_what_the_warm_up_did_not_demonstrate():
+    import pytest
+
+    from ponder.train.sft import recipe_demonstrations
+    from ponder.wiring import build_env, train_tasks
+
+    policy = prepare_policy(load_recipe(None, TINY))
+    whole = ["rollout.sampling.max_new_tokens_per_turn=256", "env.max_turns=3", "sft.behaviour=oracle", "sft.examples=5"]
+    everything = train_tasks(recipe := load_recipe(None, TINY + whole), build_env(recipe, policy.tokenizer))
+    outside = load_recipe(None, TINY + whole + ["train.outside_sft=true"])
+    rl = train_tasks(outside, build_env(outside, policy.tokenizer))
+    demos = [d.task_id for d in recipe_demonstrations(outside, policy)]
+    assert len(demos) == 5 and len(rl) == len(everything) - 5
+    assert not set(demos) & {t.id for t in rl}
+    assert [t.id for t in rl] == [t.id for t in everything if t.id not in demos]  # the rest, in order
+    both = load_recipe(None, TINY + whole + ["train.outside_sft=true", "train.val_outside_sft=true"])
+    with pytest.raises(ValueError, match="train.outside_sft and train.val_outside_sft"):
+        train_tasks(both, build_env(both, policy.tokenizer))
+
+
 def test_best_so_far_counts_evaluations_without_improvement():
     best = BestSoFar(patience=2)
     seen = [best.observe(step, value) for step, value in [(0, 0.5), (2, 0.4), (4, 0.6), (6, 0.6), (8, 0.5)]]

@@ -146,14 +146,13 @@ def recipe_demonstrations(recipe: Recipe, policy: Policy) -> list[Trajectory]:
     (less RL's validation split under train.val_outside_sft), replayed with
     sft.behaviour (and sft.oracle_fraction)."""
     from ponder.train.validation import recipe_validation
-    from ponder.wiring import build_env, train_tasks
+    from ponder.wiring import build_env, sft_tasks, train_tasks
 
     spec = build_env(recipe, policy.tokenizer)
-    kinds = set(recipe.sft.task_kinds)
     held = set()
     if recipe.train.val_outside_sft:
         held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]}
-    tasks = [t for t in spec.train if (not kinds or t.kind in kinds) and t.id not in held][: recipe.sft.examples]
+    tasks = sft_tasks(recipe, spec, held)
     return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction)
 
 
