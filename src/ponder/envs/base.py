@@ -106,6 +106,10 @@ class EnvSpec:
     rewards: dict[str, RewardFn] = field(default_factory=dict)
     reward_weights: dict[str, float] = field(default_factory=dict)
 
+    def split(self, name: str) -> list[Task]:
+        """The tasks of split `name` (eval.split): `train`, else the held-out `eval`."""
+        return self.train if name == "train" else self.eval
+
 
 EnvBuilder = Callable[[EnvContext], EnvSpec]
 ENVS: dict[str, EnvBuilder] = {}

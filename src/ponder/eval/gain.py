@@ -135,8 +135,7 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl",
     if sorted(by_task) != sorted(t.task_id for t in first):
         raise ValueError(f"{paths[0]} and {paths[1]} evaluated different tasks")
     recipe = load_recipe(run_dir / "recipe.yaml")
-    spec = build_env(recipe)  # any environment's tasks, of the split the recipe evaluated
-    tasks = {t.id: t for t in (spec.train if recipe.eval.split == "train" else spec.eval)}
+    tasks = {t.id: t for t in build_env(recipe).split(recipe.eval.split)}  # the split the recipe evaluated
     missing = sorted({t.task_id for t in first} - set(tasks))
     if missing:
         raise ValueError(f"{run_dir}: task '{missing[0]}' is not in the recipe's {recipe.eval.split} split")

@@ -54,7 +54,7 @@ def evaluate(
     if recipe.eval.split not in ("eval", "train"):
         raise EvalInputError(f"eval.split: unknown '{recipe.eval.split}'; valid: eval, train")
     spec = build_env(recipe, policy.tokenizer)
-    split = spec.eval if recipe.eval.split == "eval" else spec.train
+    split = spec.split(recipe.eval.split)
     if not split:
         raise EvalInputError(
             f"env.kind '{recipe.env.kind}': no {recipe.eval.split} tasks (the task file or generator gives none)"
