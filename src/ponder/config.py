@@ -589,6 +589,10 @@ class SFTConfig:
         the oracle instead of `behaviour`, so the warm-up policy samples every
         strategy and RL can learn when each one pays.
     examples: demonstrations to build (cycled over steps).
+    kind_examples: task kind -> at most this many demonstrations of that kind (the
+        first ones of the training split; kinds not named: no cap), so a kind's
+        share of the warm-up is set apart from its share of the training split
+        (e.g. RL under train.outside_sft then sees that kind's other questions).
     """
 
     steps: int = 0
@@ -599,6 +603,12 @@ class SFTConfig:
     behaviour: str = "oracle"
     oracle_fraction: float = 0.0
     examples: int = 128
+    kind_examples: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for kind, count in self.kind_examples.items():
+            if type(count) is not int or count < 0:
+                raise ValueError(f"sft.kind_examples: '{kind}' expects a count >= 0, got {count!r}")
 
 
 @dataclass

@@ -119,9 +119,17 @@ def train_tasks(recipe: Recipe, spec: EnvSpec) -> list:
 
 def sft_tasks(recipe: Recipe, spec: EnvSpec, held: set[str] = frozenset()) -> list:
     """The tasks the SFT warm-up demonstrates: the first sft.examples training tasks
-    of sft.task_kinds, less `held` (a validation split kept out of SFT)."""
-    kinds = set(recipe.sft.task_kinds)
-    return [t for t in spec.train if (not kinds or t.kind in kinds) and t.id not in held][: recipe.sft.examples]
+    of sft.task_kinds, at most sft.kind_examples of a kind, less `held` (a
+    validation split kept out of SFT)."""
+    kinds, caps = set(recipe.sft.task_kinds), recipe.sft.kind_examples
+    taken: dict[str, int] = {}
+    tasks = []
+    for task in spec.train:
+        if (kinds and task.kind not in kinds) or task.id in held or taken.get(task.kind, 0) >= caps.get(task.kind, len(spec.train)):
+            continue
+        taken[task.kind] = taken.get(task.kind, 0) + 1
+        tasks.append(task)
+    return tasks[: recipe.sft.examples]
 
 
 BACKENDS = ("hf", "vllm")

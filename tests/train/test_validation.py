@@ -92,6 +92,31 @@ def test_rl_outside_sft_draws_only_what_the_warm_up_did_not_demonstrate():
         train_tasks(both, build_env(both, policy.tokenizer))
 
 
+def test_sft_kind_examples_caps_a_kind_and_leaves_its_other_tasks_to_rl():
+    import pytest
+
+    from ponder.config import ConfigError
+    from ponder.wiring import build_env, sft_tasks, train_tasks
+
+    policy = prepare_policy(load_recipe(None, TINY))
+    whole = ["rollout.sampling.max_new_tokens_per_turn=256", "env.max_turns=3", "sft.examples=8"]
+    plain = load_recipe(None, TINY + whole)
+    spec = build_env(plain, policy.tokenizer)
+    kind = spec.train[0].kind
+    first_of_kind = [t.id for t in spec.train if t.kind == kind]
+    capped = load_recipe(None, TINY + whole + [f"sft.kind_examples={{{kind}: 1}}", "train.outside_sft=true"])
+    demos = sft_tasks(capped, spec)
+    assert len(demos) == 8 and [t.id for t in demos if t.kind == kind] == first_of_kind[:1]
+    others = [t.id for t in spec.train if t.kind != kind]
+    assert [t.id for t in demos if t.kind != kind] == others[:7]  # the other kinds fill in, in order
+    rl = {t.id for t in train_tasks(capped, spec)}
+    assert set(first_of_kind[1:]) <= rl and first_of_kind[0] not in rl
+    loose = load_recipe(None, TINY + whole + [f"sft.kind_examples={{{kind}: 100}}"])
+    assert sft_tasks(loose, spec) == sft_tasks(plain, spec)  # a cap that does not bind changes nothing
+    with pytest.raises(ConfigError, match="sft.kind_examples: 'x' expects a count >= 0, got -1"):
+        load_recipe(None, TINY + ["sft.kind_examples={x: -1}"])
+
+
 def test_best_so_far_counts_evaluations_without_improvement():
     best = BestSoFar(patience=2)
     seen = [best.observe(step, value) for step, value in [(0, 0.5), (2, 0.4), (4, 0.6), (6, 0.6), (8, 0.5)]]

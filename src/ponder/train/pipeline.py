@@ -48,7 +48,7 @@ from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, 
 from ponder.train.selection import select_coreset
 from ponder.train.sft import build_demonstrations
 from ponder.train.sft_trainer import SFTInputs, SFTTrainer
-from ponder.wiring import build_env
+from ponder.wiring import build_env, sft_tasks
 
 STAGES = ("warmup", "sft", "dpo", "rl", "eval")
 TRAINING_STAGES = ("warmup", "sft", "dpo", "rl")
@@ -246,8 +246,7 @@ def _train_tasks(ctx: Context, policy: Policy, count: int, seed: int) -> list:
 def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     """The demonstration warm-up (section `sft`) with the SFT trainer's loop."""
     recipe = ctx.recipe
-    kinds = set(recipe.sft.task_kinds)
-    tasks = [t for t in ctx.train_tasks(policy) if not kinds or t.kind in kinds][: recipe.sft.examples]
+    tasks = sft_tasks(recipe, ctx.spec(policy))
     demos = build_demonstrations(
         tasks, recipe.sft.behaviour, ctx.factory(policy), policy, recipe, recipe.sft.oracle_fraction
     )
