@@ -137,6 +137,9 @@ class SamplingConfig:
     dtype: str = "model"
 
 
+WEIGHT_SYNCS = ("adapter", "merged")
+
+
 @dataclass
 class RolloutConfig:
     """Batched multi-turn rollout.
@@ -146,9 +149,15 @@ class RolloutConfig:
     seed: sampling seed.
     sampling: see SamplingConfig.
     backend: `hf` (ponder's CPU decoder or transformers, in this process) or `vllm`
-        (a vLLM server reached over HTTP, token ids in and out; LoRA adapters are
-        loaded into it by name after every update; full fine-tuning is not
-        supported; docs/vllm.md).
+        (a vLLM server reached over HTTP, token ids in and out; docs/vllm.md).
+    vllm_weight_sync: how a LoRA policy's new weights reach the vLLM server after
+        an update: `adapter` (saved in PEFT's layout and loaded under a new name;
+        the server runs its LoRA kernels) or `merged` (the adapter merged into the
+        base weights, reloaded into the server in place: no LoRA kernels, whose
+        CPU version gathers a copy of the adapter per token). Full fine-tuning
+        always reloads its weights in place. In-place reloads use vLLM's
+        development endpoints (`VLLM_SERVER_DEV_MODE=1`: set for a server ponder
+        starts; a server at vllm_url must be started with it).
     vllm_url: a running vLLM server's base URL (e.g. http://127.0.0.1:8000); unset =
         ponder starts one on 127.0.0.1 with vllm_python and stops it at exit.
     vllm_python: the python of vLLM's own venv (`make vllm-venv`).
@@ -162,11 +171,16 @@ class RolloutConfig:
     seed: int = 0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     backend: str = "hf"
+    vllm_weight_sync: str = "adapter"
     vllm_url: str | None = None
     vllm_python: str = ".venv-vllm/bin/python"
     vllm_timeout_s: float = 300.0
     vllm_retries: int = 2
     vllm_start_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.vllm_weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"rollout.vllm_weight_sync: unknown '{self.vllm_weight_sync}'; valid: {', '.join(WEIGHT_SYNCS)}")
 
 
 @dataclass

@@ -217,6 +217,60 @@ def test_refresh_loads_the_updated_adapter_and_logprobs_match_the_trainer(served
     assert float((base - sampled).abs().mean()) > 0.05
 
 
+def _trainer_logprobs(policy, context, token_ids):
+    from ponder.models.forward import forward_policy
+
+    ids = torch.tensor([context + token_ids])
+    with torch.no_grad():
+        logprobs, _, _ = forward_policy(policy.model, ids, torch.ones_like(ids), 1.0, None, None)
+    return logprobs[0, len(context) - 1 :]
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_merged_and_full_weights_reload_in_place_on_one_shared_server(served):
+    """rollout.vllm_weight_sync=merged (a LoRA policy's adapter merged into the base)
+    and full fine-tuning: two policies' backends share one server and each samples
+    from its own weights, reloaded whenever the other's are there."""
+    from ponder.models import apply_lora, load_policy
+
+    generator = torch.Generator().manual_seed(2)
+    lora = apply_lora(load_policy("smollm2-135m"), LoraConfig(r=8, alpha=16))
+    full = load_policy("smollm2-135m")
+    with torch.no_grad():
+        for name, param in lora.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        full.model.model.layers[3].mlp.down_proj.weight.mul_(0.5)  # a full fine-tuning "update"
+    rollout = RolloutConfig(sampling=SamplingConfig(max_total_tokens=512), vllm_weight_sync="merged",
+                            vllm_python=str(VLLM_PYTHON))  # fmt: skip
+    merged, whole = VLLMBackend(lora, rollout, seed=0), VLLMBackend(full, rollout, seed=0)
+    assert merged.server is whole.server and merged.server is not served[2].server  # no LoRA kernels there
+    context = lora.tokenizer.encode("<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n")
+    try:
+        for backend, policy, other in [(merged, lora, full), (whole, full, lora), (merged, lora, full)]:
+            (generation,) = backend.generate([GenerationRequest("k", context, 24)], [])
+            sampled = torch.tensor(generation.logprobs)
+            # the server sampled from this policy's weights, not the other's
+            assert float((_trainer_logprobs(policy, context, generation.token_ids) - sampled).abs().mean()) < 1e-3
+            assert float((_trainer_logprobs(other, context, generation.token_ids) - sampled).abs().mean()) > 0.05
+        with torch.no_grad():
+            full.model.model.layers[3].mlp.down_proj.weight.mul_(0.0)
+        whole.refresh()
+        (generation,) = whole.generate([GenerationRequest("k", context, 24)], [])
+        sampled = torch.tensor(generation.logprobs)
+        assert float((_trainer_logprobs(full, context, generation.token_ids) - sampled).abs().mean()) < 1e-3
+    finally:
+        merged.close()
+        whole.close()
+        merged.server.close()
+    # a server reached by URL without vLLM's development endpoints: one line that says what to do
+    by_url = VLLMBackend(lora, RolloutConfig(vllm_url=served[2].server.url, vllm_weight_sync="merged"))
+    with pytest.raises(BackendError, match=r"HTTP 404 .*start the server with VLLM_SERVER_DEV_MODE=1"):
+        by_url.generate([GenerationRequest("k", context, 4)], [])
+    by_url.close()
+
+
 @pytest.mark.slow
 @needs_vllm
 def test_slow_server_request_is_retried_and_succeeds(served):

@@ -42,6 +42,39 @@ def is_lora(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
 
+def effective_weight(module: Any) -> torch.Tensor:
+    """A linear layer's weight [out, in] as the forward pass applies it: the base
+    weight plus the deltas of its active, unmerged PEFT LoRA adapters."""
+    base = getattr(module, "base_layer", module)
+    weight = base.weight.detach()
+    if hasattr(module, "lora_A") and not module.disable_adapters and not module.merged:
+        for name in module.active_adapters:
+            if name in module.lora_A:  # the sum in the adapter's precision (fp32), stored in the base's
+                delta = module.get_delta_weight(name).detach()
+                weight = (weight.to(delta.dtype) + delta).to(base.weight.dtype)
+    return weight
+
+
+def merged_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The model's weights as a plain checkpoint holds them (transformers' names), with
+    every active LoRA adapter's delta added into its layer's weight: what a server
+    that runs no adapters must load to sample from this policy. Tied weights appear
+    once (named_parameters' order)."""
+    base = model.get_base_model() if is_lora(model) else model
+    out: dict[str, torch.Tensor] = {}
+    merged: set[int] = set()  # the parameters of LoRA layers: base weights and the adapters
+    for name, module in base.named_modules():
+        if hasattr(module, "lora_A"):
+            out[f"{name}.weight"] = effective_weight(module)
+            if module.base_layer.bias is not None:
+                out[f"{name}.bias"] = module.base_layer.bias.detach()
+            merged.update(id(p) for p in module.parameters())
+    for name, param in base.named_parameters():
+        if id(param) not in merged:
+            out[name] = param.detach()
+    return out
+
+
 def save_trained(policy: Policy, directory: str | os.PathLike[str]) -> Path:
     """Write `policy`'s trained weights into `directory` (created; files already
     there are replaced, others kept). The manifest is written last: a directory

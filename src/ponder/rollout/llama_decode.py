@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ponder.models import cpu_matmul
+from ponder.models.adapters import effective_weight
 
 _ARCHITECTURES = {"llama", "qwen2"}
 
@@ -197,19 +198,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     rotate_half(x) = [-x2, x1] is x rolled by half a head times the signs that
     `signed_sin` carries (three kernels on a GPU instead of five)."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
-
-
-def effective_weight(module: Any) -> torch.Tensor:
-    """A linear layer's weight [out, in] as the forward pass applies it: the base
-    weight plus the deltas of its active, unmerged PEFT LoRA adapters."""
-    base = getattr(module, "base_layer", module)
-    weight = base.weight.detach()
-    if hasattr(module, "lora_A") and not module.disable_adapters and not module.merged:
-        for name in module.active_adapters:
-            if name in module.lora_A:  # the sum in the adapter's precision (fp32), stored in the base's
-                delta = module.get_delta_weight(name).detach()
-                weight = (weight.to(delta.dtype) + delta).to(base.weight.dtype)
-    return weight
 
 
 def _bias(module: Any) -> torch.Tensor | None:

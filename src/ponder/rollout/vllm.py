@@ -4,11 +4,15 @@ Prompts go to `/v1/completions` as token ids and completions come back as the to
 ids vLLM sampled (`return_token_ids`) with each one's log-probability, so episodes
 keep exact token bookkeeping and a multi-turn context is never re-tokenised.
 
-Weights: the server serves the base model from disk; a LoRA policy's adapter is
-saved in PEFT's layout after every update and loaded under a new name with
-`/v1/load_lora_adapter` (no restart), and requests name it. Full fine-tuning is not
-supported: the server would need the new full weights after every update (a restart
-per step, ~30 s here); `refresh()` of a policy without adapters says so.
+Weights: the server serves the base model from disk. After every update either a
+LoRA policy's adapter is saved in PEFT's layout and loaded under a new name with
+`/v1/load_lora_adapter` (rollout.vllm_weight_sync `adapter`), and requests name it;
+or the policy's weights, adapters merged in, are saved as a checkpoint and reloaded
+into the server in place (`merged`, and always for full fine-tuning), with no
+restart: vLLM's development endpoint `/collective_rpc` calls its workers'
+`reload_weights`, then `/reset_prefix_cache` drops keys and values the old weights
+computed. A server shared by several backends holds one policy's weights at a time:
+a backend reloads its own whenever another's are there.
 
 Log-probs: vLLM's kernels differ from the trainer's, so its log-probs differ from
 the ones the trainer computes for the same tokens (`logprobs_match_trainer = False`
@@ -36,7 +40,7 @@ from typing import Any
 import torch
 
 from ponder.config import RolloutConfig, SamplingConfig
-from ponder.models.adapters import is_lora
+from ponder.models.adapters import is_lora, merged_weights
 from ponder.models.loading import EMBEDDED_NAME, Policy, embedded_model_dir
 from ponder.rollout.backend import Generation, GenerationRequest
 from ponder.rollout.hf import _eos_ids
@@ -60,21 +64,19 @@ class VLLMBackend:
         # vLLM samples with its own seeded generator on the server.
         self.generator = torch.Generator().manual_seed(seed)
         self.eos_ids = sorted(_eos_ids(policy))
-        self._lora = is_lora(policy.model)
-        self._stale = self._lora  # adapters may already be trained (warm-up, resume): load before sampling
+        self.merged = not is_lora(policy.model) or rollout.vllm_weight_sync == "merged"
+        self._stale = True  # the weights may already be trained (warm-up, resume): load before sampling
         self._version = 0
         self._session = uuid.uuid4().hex[:8]  # adapter names unique on a server shared by several runs
+        self._tag = ""  # the name of this backend's weights last reloaded into the server (merged)
         self._adapters = Path(tempfile.mkdtemp(prefix="ponder-vllm-adapters-"))
         weakref.finalize(self, shutil.rmtree, self._adapters, True)  # at exit too, if close() never comes
-        self.server = _server_for(policy, rollout, self.sampling, seed)
+        self.server = _server_for(policy, rollout, self.sampling, seed, self.merged)
         self.model_name = self.base_name = self.server.base_model()
 
     def refresh(self) -> None:
-        """The policy's weights changed: its adapter is saved and loaded before the next
-        generate (not now: the trainer calls this before the update that changes them)."""
-        if not self._lora:
-            raise ValueError("rollout.backend vllm: full fine-tuning is not supported (the server would need "
-                             "the new weights after every update); use lora.enabled: true or rollout.backend: hf")  # fmt: skip
+        """The policy's weights changed: they reach the server before the next generate
+        (not now: the trainer calls this before the update that changes them)."""
         self._stale = True
 
     def close(self) -> None:
@@ -85,7 +87,9 @@ class VLLMBackend:
     def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         if not requests:
             return []
-        if self._stale:
+        if self.merged and (self._stale or self.server.weights_tag != self._tag):
+            self._load_weights()
+        elif self._stale and not self.merged:
             self._load_adapter()
         # One HTTP call per distinct token budget (all of a round's requests, usually).
         by_budget: dict[int, list[int]] = {}
@@ -143,6 +147,23 @@ class VLLMBackend:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return Generation(token_ids, values, text, reason)
 
+    def _load_weights(self) -> None:
+        """Save the policy's weights (adapters merged in) as a checkpoint and reload
+        them into the server in place."""
+        from safetensors.torch import save_file
+
+        self._version += 1
+        directory = self._adapters / f"w{self._version}"
+        directory.mkdir()
+        save_file({name: w.contiguous() for name, w in merged_weights(self.policy.model).items()},
+                  str(directory / "model.safetensors"))  # fmt: skip
+        self._tag = f"ponder-{self._session}-w{self._version}"
+        try:
+            self.server.reload_weights(str(directory), self._tag)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._stale = False
+
     def _load_adapter(self) -> None:
         """Save the policy's adapter (PEFT layout) and load it under a new name; the
         previous one is unloaded after, so a request never names a missing adapter."""
@@ -163,13 +184,16 @@ class VLLMBackend:
 _STARTED: dict[tuple[str, ...], VLLMServer] = {}
 
 
-def _server_for(policy: Policy, rollout: RolloutConfig, sampling: SamplingConfig, seed: int) -> VLLMServer:
+def _server_for(policy: Policy, rollout: RolloutConfig, sampling: SamplingConfig, seed: int,
+                merged: bool) -> VLLMServer:  # fmt: skip
     """The server at rollout.vllm_url (checked now: a dead URL fails in seconds), or
-    the one this process started for this model, python and LoRA rank, or a new one."""
+    the one this process started for this model, python and LoRA rank (0: weights
+    reloaded in place, `merged`), or a new one."""
     if rollout.vllm_url:
         return VLLMServer(rollout.vllm_url, rollout.vllm_timeout_s, rollout.vllm_retries)
-    spec = ServerSpec(base_model_dir(policy), _dtype_name(policy), _lora_rank(policy),
-                      max(rollout.sampling.max_total_tokens, sampling.max_total_tokens), seed)  # fmt: skip
+    spec = ServerSpec(base_model_dir(policy, merged), _dtype_name(policy), 0 if merged else _lora_rank(policy),
+                      max(rollout.sampling.max_total_tokens, sampling.max_total_tokens), seed,
+                      weight_reload=merged)  # fmt: skip
     key = (spec.model_dir, spec.dtype, str(spec.max_lora_rank), rollout.vllm_python)
     server = _STARTED.get(key)
     if server is None or server.process is None or server.process.poll() is not None:
@@ -179,13 +203,14 @@ def _server_for(policy: Policy, rollout: RolloutConfig, sampling: SamplingConfig
     return server
 
 
-def base_model_dir(policy: Policy) -> str:
+def base_model_dir(policy: Policy, merged: bool = False) -> str:
     """The on-disk model vLLM loads: the embedded model's safetensors cache, a model
     directory, or a hub id (vLLM resolves it). A policy with adapters merged into its
-    base (a pipeline stage's) has no such copy on disk and is refused."""
-    if policy.stack:
+    base (a pipeline stage's) has no such copy on disk: refused unless its weights
+    are reloaded in place (`merged`), over the original base's."""
+    if policy.stack and not merged:
         raise ValueError("rollout.backend vllm: this policy has trained adapters merged into its base, which vLLM "
-                         "cannot load from disk; export the merged model (ponder export --merge) and name that")  # fmt: skip
+                         "cannot load from disk; use rollout.vllm_weight_sync: merged")  # fmt: skip
     return model_dir_of(policy.base or policy.name)
 
 

@@ -38,13 +38,15 @@ class BackendError(ConnectionError):
 @dataclass
 class ServerSpec:
     """What a started server serves: the base model directory, its dtype, the LoRA
-    rank it must accept (0 = no adapters), the longest context, the sampling seed."""
+    rank it must accept (0 = no adapters), the longest context, the sampling seed,
+    and whether it takes in-place weight reloads (vLLM's development endpoints)."""
 
     model_dir: str
     dtype: str = "float32"
     max_lora_rank: int = 0
     max_model_len: int = 2048
     seed: int = 0
+    weight_reload: bool = False
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -77,6 +79,7 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.log_path: Path | None = None
         self.failed = False  # a failure's message names the log: keep it then
+        self.weights_tag = ""  # whose weights an in-place reload put there ("": the model on disk)
         self._client = httpx.Client(timeout=timeout_s)
         if check_s > 0 and not self.healthy(check_s):
             self._client.close()
@@ -94,6 +97,8 @@ class VLLMServer:
         port = free_port()
         log_path = Path(tempfile.mkdtemp(prefix="ponder-vllm-")) / "server.log"
         env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        if spec.weight_reload:  # /collective_rpc and /reset_prefix_cache, on 127.0.0.1 only
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; vLLM-CPU's default takes far more than a 135M model needs
         with open(log_path, "wb") as log:
             # A session of its own: vLLM forks an engine process, and killing the group ends both.
@@ -183,6 +188,21 @@ class VLLMServer:
             # as a duplicate: the adapter is there all the same
             if name not in self.model_names():
                 raise
+
+    def reload_weights(self, path: str, tag: str) -> None:
+        """Reload the served model's weights in place from the checkpoint directory
+        `path` (vLLM's development endpoint /collective_rpc) and drop the prefix cache,
+        whose keys and values the old weights computed; `tag` names them after."""
+        self.weights_tag = ""
+        try:
+            self.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            self.post("/reset_prefix_cache", {})
+        except BackendError as err:
+            if self.process is None and "HTTP 404" in str(err):
+                raise BackendError(f"{err}; start the server with VLLM_SERVER_DEV_MODE=1 for in-place weight "
+                                   "reloads, or use rollout.vllm_weight_sync: adapter") from None  # fmt: skip
+            raise
+        self.weights_tag = tag
 
     def _fail(self, reason: str, attempts: int) -> BackendError:
         """attempts 0: the server is gone, no request was tried."""
