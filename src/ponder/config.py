@@ -127,6 +127,7 @@ class SamplingConfig:
         differs from the trainer's precision the trainer takes the old log-probs
         from its own forward and corrects with a truncated importance weight
         (`algo.tis_cap`), as for vLLM; the gap is logged as rollout/logprob_mismatch.
+        A vLLM server that ponder starts (rollout.backend vllm) computes in it too.
     """
 
     temperature: float = 1.0

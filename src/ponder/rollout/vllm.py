@@ -43,7 +43,7 @@ from ponder.config import RolloutConfig, SamplingConfig
 from ponder.models.adapters import is_lora, merged_weights
 from ponder.models.loading import EMBEDDED_NAME, Policy, embedded_model_dir
 from ponder.rollout.backend import Generation, GenerationRequest
-from ponder.rollout.hf import _eos_ids
+from ponder.rollout.hf import _eos_ids, sampling_dtype
 from ponder.rollout.vllm_server import BackendError, ServerSpec, VLLMServer, lora_rank_for
 
 __all__ = ["BackendError", "VLLMBackend", "base_model_dir", "model_dir_of"]
@@ -65,13 +65,14 @@ class VLLMBackend:
         self.generator = torch.Generator().manual_seed(seed)
         self.eos_ids = sorted(_eos_ids(policy))
         self.merged = not is_lora(policy.model) or rollout.vllm_weight_sync == "merged"
+        self.dtype = sampling_dtype(self.sampling.dtype, policy)  # the server's: `auto` is bf16 on a bf16 CPU
         self._stale = True  # the weights may already be trained (warm-up, resume): load before sampling
         self._version = 0
         self._session = uuid.uuid4().hex[:8]  # adapter names unique on a server shared by several runs
         self._tag = ""  # the name of this backend's weights last reloaded into the server (merged)
         self._adapters = Path(tempfile.mkdtemp(prefix="ponder-vllm-adapters-"))
         weakref.finalize(self, shutil.rmtree, self._adapters, True)  # at exit too, if close() never comes
-        self.server = _server_for(policy, rollout, self.sampling, seed, self.merged)
+        self.server = _server_for(policy, rollout, self.sampling, seed, self.merged, self.dtype)
         self.model_name = self.base_name = self.server.base_model()
 
     def refresh(self) -> None:
@@ -155,7 +156,7 @@ class VLLMBackend:
         self._version += 1
         directory = self._adapters / f"w{self._version}"
         directory.mkdir()
-        save_file({name: w.contiguous() for name, w in merged_weights(self.policy.model).items()},
+        save_file({name: w.to(self.dtype).contiguous() for name, w in merged_weights(self.policy.model).items()},
                   str(directory / "model.safetensors"))  # fmt: skip
         self._tag = f"ponder-{self._session}-w{self._version}"
         try:
@@ -185,13 +186,13 @@ _STARTED: dict[tuple[str, ...], VLLMServer] = {}
 
 
 def _server_for(policy: Policy, rollout: RolloutConfig, sampling: SamplingConfig, seed: int,
-                merged: bool) -> VLLMServer:  # fmt: skip
+                merged: bool, dtype: torch.dtype) -> VLLMServer:  # fmt: skip
     """The server at rollout.vllm_url (checked now: a dead URL fails in seconds), or
     the one this process started for this model, python and LoRA rank (0: weights
     reloaded in place, `merged`), or a new one."""
     if rollout.vllm_url:
         return VLLMServer(rollout.vllm_url, rollout.vllm_timeout_s, rollout.vllm_retries)
-    spec = ServerSpec(base_model_dir(policy, merged), _dtype_name(policy), 0 if merged else _lora_rank(policy),
+    spec = ServerSpec(base_model_dir(policy, merged), _dtype_name(dtype), 0 if merged else _lora_rank(policy),
                       max(rollout.sampling.max_total_tokens, sampling.max_total_tokens), seed,
                       weight_reload=merged)  # fmt: skip
     key = (spec.model_dir, spec.dtype, str(spec.max_lora_rank), rollout.vllm_python)
@@ -230,8 +231,7 @@ def _lora_rank(policy: Policy) -> int:
     return lora_rank_for(max(int(c.r) for c in policy.model.peft_config.values()))
 
 
-def _dtype_name(policy: Policy) -> str:
-    dtype = next(policy.model.parameters()).dtype
+def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dtype, "float32")
 
 
