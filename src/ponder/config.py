@@ -181,7 +181,8 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         if self.vllm_weight_sync not in WEIGHT_SYNCS:
-            raise ValueError(f"rollout.vllm_weight_sync: unknown '{self.vllm_weight_sync}'; valid: {', '.join(WEIGHT_SYNCS)}")
+            valid = ", ".join(WEIGHT_SYNCS)
+            raise ValueError(f"rollout.vllm_weight_sync: unknown '{self.vllm_weight_sync}'; valid: {valid}")
 
 
 @dataclass

@@ -125,7 +125,8 @@ def sft_tasks(recipe: Recipe, spec: EnvSpec, held: set[str] = frozenset()) -> li
     taken: dict[str, int] = {}
     tasks = []
     for task in spec.train:
-        if (kinds and task.kind not in kinds) or task.id in held or taken.get(task.kind, 0) >= caps.get(task.kind, len(spec.train)):
+        capped = taken.get(task.kind, 0) >= caps.get(task.kind, len(spec.train))
+        if (kinds and task.kind not in kinds) or task.id in held or capped:
             continue
         taken[task.kind] = taken.get(task.kind, 0) + 1
         tasks.append(task)

@@ -244,16 +244,19 @@ def test_merged_and_full_weights_reload_in_place_on_one_shared_server(served):
         full.model.model.layers[3].mlp.down_proj.weight.mul_(0.5)  # a full fine-tuning "update"
     rollout = RolloutConfig(sampling=SamplingConfig(max_total_tokens=512), vllm_weight_sync="merged",
                             vllm_python=str(VLLM_PYTHON))  # fmt: skip
-    merged, whole = VLLMBackend(lora, rollout, seed=0), VLLMBackend(full, rollout, seed=0)
-    assert merged.server is whole.server and merged.server is not served[2].server  # no LoRA kernels there
+    merged = VLLMBackend(lora, rollout, seed=0)
+    # the other by URL, as a server of one's own is reached: the weights' owner is known per URL
+    whole = VLLMBackend(full, RolloutConfig(vllm_url=merged.server.url, vllm_weight_sync="merged"), seed=0)
+    assert "--enable-lora" not in merged.server.process.args  # no LoRA kernels on this server
     context = lora.tokenizer.encode("<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n")
     try:
         for backend, policy, other in [(merged, lora, full), (whole, full, lora), (merged, lora, full)]:
             (generation,) = backend.generate([GenerationRequest("k", context, 24)], [])
             sampled = torch.tensor(generation.logprobs)
             # the server sampled from this policy's weights, not the other's
-            assert float((_trainer_logprobs(policy, context, generation.token_ids) - sampled).abs().mean()) < 1e-3
-            assert float((_trainer_logprobs(other, context, generation.token_ids) - sampled).abs().mean()) > 0.05
+            ids = generation.token_ids
+            assert float((_trainer_logprobs(policy, context, ids) - sampled).abs().mean()) < 1e-3
+            assert float((_trainer_logprobs(other, context, ids) - sampled).abs().mean()) > 0.05
         with torch.no_grad():
             full.model.model.layers[3].mlp.down_proj.weight.mul_(0.0)
         whole.refresh()
@@ -263,6 +266,7 @@ def test_merged_and_full_weights_reload_in_place_on_one_shared_server(served):
     finally:
         merged.close()
         whole.close()
+        whole.server.close()  # reached by URL: leaves the server up
         merged.server.close()
     # a server reached by URL without vLLM's development endpoints: one line that says what to do
     by_url = VLLMBackend(lora, RolloutConfig(vllm_url=served[2].server.url, vllm_weight_sync="merged"))

@@ -118,7 +118,8 @@ def test_sft_from_with_another_sampler_reuses_the_warm_up(first):
     """The vLLM backend samples the same policy: an RL variant on it reuses the warm-up's
     weights and evaluations; a change to the sampling itself is another warm-up."""
     out, results = first
-    reused = load_sft_run(out, load_recipe(None, TINY + ["rollout.backend=vllm", "rollout.vllm_retries=0"]))
+    sampler = ["rollout.backend=vllm", "rollout.vllm_retries=0", "rollout.vllm_weight_sync=merged"]
+    reused = load_sft_run(out, load_recipe(None, TINY + sampler))
     assert sorted(reused.stages) == ["base", "oracle", "sft"] and not reused.rescore
     for stage, metrics in reused.stages.items():  # strict JSON: NaN standard errors are null there
         assert dumps_strict(metrics, sort_keys=True) == dumps_strict(results["stages"][stage], sort_keys=True)

@@ -156,8 +156,8 @@ class VLLMBackend:
         self._version += 1
         directory = self._adapters / f"w{self._version}"
         directory.mkdir()
-        save_file({name: w.to(self.dtype).contiguous() for name, w in merged_weights(self.policy.model).items()},
-                  str(directory / "model.safetensors"))  # fmt: skip
+        weights = {name: w.to(self.dtype).contiguous() for name, w in merged_weights(self.policy.model).items()}
+        save_file(weights, str(directory / "model.safetensors"))
         self._tag = f"ponder-{self._session}-w{self._version}"
         try:
             self.server.reload_weights(str(directory), self._tag)

@@ -69,6 +69,14 @@ class VLLMServer:
     a running one. `timeout_s` bounds each request, `retries` extra attempts follow a
     timeout, a connection error or a 5xx answer (backoff 0.5 s, 1 s, 2 s …)."""
 
+    # url -> the tag of the weights an in-place reload last put there, shared by every
+    # client of that URL in this process (absent: the model on disk)
+    _weights: dict[str, str] = {}
+
+    @property
+    def weights_tag(self) -> str:
+        return self._weights.get(self.url, "")
+
     def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 2, check_s: float = 5.0) -> None:
         import httpx
 
@@ -79,7 +87,6 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.log_path: Path | None = None
         self.failed = False  # a failure's message names the log: keep it then
-        self.weights_tag = ""  # whose weights an in-place reload put there ("": the model on disk)
         self._client = httpx.Client(timeout=timeout_s)
         if check_s > 0 and not self.healthy(check_s):
             self._client.close()
@@ -193,7 +200,7 @@ class VLLMServer:
         """Reload the served model's weights in place from the checkpoint directory
         `path` (vLLM's development endpoint /collective_rpc) and drop the prefix cache,
         whose keys and values the old weights computed; `tag` names them after."""
-        self.weights_tag = ""
+        self._weights.pop(self.url, None)
         try:
             self.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
             self.post("/reset_prefix_cache", {})
@@ -202,7 +209,7 @@ class VLLMServer:
                 raise BackendError(f"{err}; start the server with VLLM_SERVER_DEV_MODE=1 for in-place weight "
                                    "reloads, or use rollout.vllm_weight_sync: adapter") from None  # fmt: skip
             raise
-        self.weights_tag = tag
+        self._weights[self.url] = tag
 
     def _fail(self, reason: str, attempts: int) -> BackendError:
         """attempts 0: the server is gone, no request was tried."""

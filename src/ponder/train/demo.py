@@ -129,8 +129,8 @@ class _SFTRun:
 # stay the ones it made, and the RL stage's are made by the new backend: `ponder eval`
 # the result to compare with one sampler).
 RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
-RL_KEYS = {"rollout": ("group_size", "backend", "vllm_url", "vllm_python", "vllm_timeout_s", "vllm_retries",
-                       "vllm_start_timeout_s", "sampling.temperature"),
+RL_KEYS = {"rollout": ("group_size", "backend", "vllm_weight_sync", "vllm_url", "vllm_python",
+                       "vllm_timeout_s", "vllm_retries", "vllm_start_timeout_s", "sampling.temperature"),
            "lora": ("base_matmul_dtype",)}  # the training products' precision, not the adapter
 
 
