@@ -122,7 +122,8 @@ class _TurnsEnv:
 
 @pytest.fixture(scope="module")
 def served():
-    """A LoRA policy of the embedded model and a vLLM backend that started its server."""
+    """A LoRA policy of the embedded model and a vLLM backend that started its server
+    (the adapter sync: LoRA kernels on the server)."""
     if not VLLM_PYTHON.is_file():
         pytest.skip("vLLM not installed (.venv-vllm missing: make vllm-venv)")
     from ponder.models import apply_lora, load_policy
@@ -130,7 +131,7 @@ def served():
     torch.manual_seed(0)
     policy = apply_lora(load_policy("smollm2-135m"), LoraConfig(r=8, alpha=16))
     rollout = RolloutConfig(batch_size=4, group_size=2, sampling=SamplingConfig(max_new_tokens_per_turn=24,
-                            max_total_tokens=512), vllm_python=str(VLLM_PYTHON))  # fmt: skip
+                            max_total_tokens=512), vllm_python=str(VLLM_PYTHON), vllm_weight_sync="adapter")  # fmt: skip
     backend = VLLMBackend(policy, rollout, seed=0)
     yield policy, rollout, backend
     backend.close()
@@ -313,7 +314,8 @@ def test_slow_server_request_is_retried_and_succeeds(served):
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
-        slow = RolloutConfig(vllm_url=f"http://127.0.0.1:{proxy.server_address[1]}", vllm_timeout_s=1.0, vllm_retries=2)
+        slow = RolloutConfig(vllm_url=f"http://127.0.0.1:{proxy.server_address[1]}", vllm_timeout_s=1.0, vllm_retries=2,
+                             vllm_weight_sync="adapter")  # fmt: skip
         client = VLLMBackend(policy, slow, SamplingConfig(temperature=0.0))
         context = policy.tokenizer.encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
         (generation,) = client.generate([GenerationRequest("k", context, 4)], [])
