@@ -53,6 +53,13 @@ def test_blank_lines_skipped_unknown_keys_kept_in_metadata_int_id_kept_as_text(t
     assert tasks[1] == Task(id="7", question="Where?", answers=["Paris"])
 
 
+def test_null_oracle_actions_and_metadata_load_as_empty(tmp_path):
+    # found by the fuzzer: a null was checked as [] and then stored as None
+    path = _write_lines(tmp_path, [json.dumps({**GOOD, "oracle_actions": None, "metadata": None})])
+    (task,) = load_tasks(path)
+    assert task.oracle_actions == [] and task.metadata == {}
+
+
 @pytest.mark.parametrize(
     "bad_row, message",
     [

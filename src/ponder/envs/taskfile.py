@@ -105,4 +105,5 @@ def parse_task_row(row: Any, where: str, require_answers: bool = False) -> Task:
         raise TaskFileError(f"{where}: task {task_id!r}: 'oracle_actions' must be a list of strings")
     _check_optional_fields(row, where, task_id)
     extra = {k: v for k, v in row.items() if k not in Task.__dataclass_fields__}
-    return Task.from_dict({**row, "id": task_id, "answers": answers, "metadata": {**extra, **metadata}})
+    return Task.from_dict({**row, "id": task_id, "answers": answers, "oracle_actions": actions,
+                           "metadata": {**extra, **metadata}})  # fmt: skip
