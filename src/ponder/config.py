@@ -545,7 +545,7 @@ class TrainConfig:
         favours step 0), drawn with seed 0 whatever train.seed, so RL seeds that
         share one warm-up share the split.
     outside_sft: RL draws only from training tasks the SFT warm-up did not
-        demonstrate (its first sft.examples of sft.task_kinds): questions whose
+        demonstrate (wiring.sft_tasks: sft.examples, sft.kind_examples): questions whose
         answers the warm-up has not memorised. Not with val_outside_sft.
     patience: stop after this many validation evaluations without a new best (0 = never).
     keep_best: end on the best validation weights (kept in RUN_DIR/best), not the last.

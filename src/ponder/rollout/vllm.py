@@ -88,9 +88,10 @@ class VLLMBackend:
     def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         if not requests:
             return []
-        if self.merged and (self._stale or self.server.weights_tag != self._tag):
-            self._load_weights()
-        elif self._stale and not self.merged:
+        if self.merged:
+            if self._stale or self.server.weights_tag != self._tag:  # ours changed, or another's are there
+                self._load_weights()
+        elif self._stale:
             self._load_adapter()
         # One HTTP call per distinct token budget (all of a round's requests, usually).
         by_budget: dict[int, list[int]] = {}
@@ -226,8 +227,6 @@ def model_dir_of(name: str, flag: str = "rollout.backend vllm") -> str:
 
 
 def _lora_rank(policy: Policy) -> int:
-    if not is_lora(policy.model):
-        return 0
     return lora_rank_for(max(int(c.r) for c in policy.model.peft_config.values()))
 
 
