@@ -329,6 +329,60 @@ def test_slow_server_request_is_retried_and_succeeds(served):
 
 @pytest.mark.slow
 @needs_vllm
+def test_async_rollouts_sample_the_snapshot_while_the_update_and_another_backend_move_on(tmp_path):
+    """train.async_rollouts on vLLM: `snapshot()` puts the weights on the server before
+    the update; a round sampled after the update, even after another backend's weights
+    were on the server, comes from the snapshot. Then a trainer's async run: step 2's
+    episodes were sampled with the weights before update 1."""
+    from ponder.config import load_recipe
+    from ponder.models import apply_lora, load_policy
+    from ponder.train.metrics_log import read_metrics
+    from ponder.train.rl import RLTrainer
+
+    from tests.train.test_rl_trainer import TINY, low_id_share
+
+    generator = torch.Generator().manual_seed(3)
+    lora, full = apply_lora(load_policy("smollm2-135m"), LoraConfig(r=8, alpha=16)), load_policy("smollm2-135m")
+    rollout = RolloutConfig(sampling=SamplingConfig(max_total_tokens=512), vllm_weight_sync="merged",
+                            vllm_python=str(VLLM_PYTHON))  # fmt: skip
+    backend = VLLMBackend(lora, rollout, seed=0)
+    other = VLLMBackend(full, RolloutConfig(vllm_url=backend.server.url, vllm_weight_sync="merged"), seed=0)
+    context = lora.tokenizer.encode("<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n")
+    adapters = {n: p for n, p in lora.model.named_parameters() if "lora_B" in n}
+    try:
+        backend.snapshot()
+        taken = {n: p.detach().clone() for n, p in adapters.items()}
+        with torch.no_grad():  # the update, after the snapshot
+            for param in adapters.values():
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+        other.generate([GenerationRequest("k", context, 4)], [])  # the other's weights on the server
+        (generation,) = backend.generate([GenerationRequest("k", context, 24)], [])
+        sampled = torch.tensor(generation.logprobs)
+        assert float((_trainer_logprobs(lora, context, generation.token_ids) - sampled).abs().mean()) > 0.05
+        with torch.no_grad():
+            for name, param in adapters.items():
+                param.copy_(taken[name])
+        assert float((_trainer_logprobs(lora, context, generation.token_ids) - sampled).abs().mean()) < 1e-3
+
+        small = [o for o in TINY if not o.startswith(("model.", "algo.micro"))]
+        config = load_recipe(None, small + ["model.name=smollm2-135m", "train.steps=2", "env.max_turns=1",
+                                            "optim.lr=1e-2", "train.async_rollouts=true", "rollout.backend=vllm",
+                                            f"rollout.vllm_url={backend.server.url}"])  # fmt: skip
+        RLTrainer.from_recipe(config, tmp_path, reward=low_id_share).train()
+        records = read_metrics(tmp_path)
+        assert [r["policy/staleness"] for r in records] == [0.0, 1.0]
+        # step 1 on-policy: vLLM's fp32 kernels against the trainer's; step 2: sampled before update 1
+        on_policy, stale = (r["rollout/logprob_mismatch"] for r in records)
+        assert on_policy < 1e-3 and stale > 10 * on_policy, (on_policy, stale)
+    finally:
+        backend.close()
+        other.close()
+        other.server.close()  # reached by URL: leaves the server up
+        backend.server.close()
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_server_dying_mid_step_is_a_one_line_error_not_a_hang(served):
     """Last in this file: it kills the fixture's server."""
     policy, rollout, backend = served

@@ -65,3 +65,11 @@ def test_async_run_trains_and_checkpoints_the_sampler_before_the_prefetch(tmp_pa
 def test_async_needs_a_staleness_bound_of_at_least_one():
     with pytest.raises(ValueError, match="max_staleness >= 1"):
         check_recipe(load_recipe(None, TINY + ["train.async_rollouts=true", "algo.max_staleness=0"]))
+
+
+def test_async_in_one_process_refuses_full_fine_tuning_with_the_hf_backend(tmp_path):
+    """The hf backend's sampling copy shares the weights full fine-tuning changes in place."""
+    config = load_recipe(None, TINY + STEPS + ["train.async_rollouts=true", "lora.enabled=false"])
+    trainer = RLTrainer.from_recipe(config, tmp_path, reward=low_id_share)
+    with pytest.raises(ValueError, match=r"needs lora.enabled: .* use rollout.backend=vllm or --ray"):
+        trainer.train_step()

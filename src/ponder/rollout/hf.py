@@ -34,6 +34,7 @@ import torch
 
 from ponder.config import SamplingConfig
 from ponder.models import cpu_matmul
+from ponder.models.adapters import is_lora
 from ponder.models.cpu_threads import step_threads, torch_threads
 from ponder.models.loading import Policy
 from ponder.models.memory import trim_heap
@@ -89,6 +90,16 @@ class HFBackend:
         # its tensors, freed, would stay in the heap under the update that follows (SmolLM2:
         # 2.2 GB resident after a refresh without this, 1.0 GB with it)
         trim_heap()
+
+    def snapshot(self) -> None:
+        """Asynchronous rollouts: take the sampling copy now, so the update that follows
+        does not move the weights later generate calls sample from. A LoRA policy's
+        only: without adapters the copy shares the weights full fine-tuning changes."""
+        if not is_lora(self.policy.model):
+            raise ValueError("train.async_rollouts in one process needs lora.enabled: the sampling copy shares the "
+                             "weights full fine-tuning changes in place; use rollout.backend=vllm or --ray")  # fmt: skip
+        self.refresh()
+        self.sampling_model()
 
     def sampling_model(self) -> Any:
         """The model to sample from, with LoRA adapters merged (PEFT's per-layer adapter

@@ -12,7 +12,10 @@ into the server in place (`merged`, and always for full fine-tuning), with no
 restart: vLLM's development endpoint `/collective_rpc` calls its workers'
 `reload_weights`, then `/reset_prefix_cache` drops keys and values the old weights
 computed. A server shared by several backends holds one policy's weights at a time:
-a backend reloads its own whenever another's are there.
+a backend reloads its own (its last saved checkpoint) whenever another's are there,
+and holds the server's lock from that reload to the end of its round of requests.
+`snapshot()` sends the weights at once, for rollouts that run during the update
+(train.async_rollouts).
 
 Log-probs: vLLM's kernels differ from the trainer's, so its log-probs differ from
 the ones the trainer computes for the same tokens (`logprobs_match_trainer = False`
@@ -70,6 +73,7 @@ class VLLMBackend:
         self._version = 0
         self._session = uuid.uuid4().hex[:8]  # adapter names unique on a server shared by several runs
         self._tag = ""  # the name of this backend's weights last reloaded into the server (merged)
+        self._checkpoint: Path | None = None  # those weights on disk: reloaded when another's were there
         self._adapters = Path(tempfile.mkdtemp(prefix="ponder-vllm-adapters-"))
         weakref.finalize(self, shutil.rmtree, self._adapters, True)  # at exit too, if close() never comes
         self.server = _server_for(policy, rollout, self.sampling, seed, self.merged, self.dtype)
@@ -80,6 +84,14 @@ class VLLMBackend:
         (not now: the trainer calls this before the update that changes them)."""
         self._stale = True
 
+    def snapshot(self) -> None:
+        """Asynchronous rollouts: the policy's weights reach the server now, and later
+        generate calls sample from them until the next refresh, whatever the update does
+        to the policy meanwhile (full fine-tuning too: the server holds its own copy)."""
+        self.refresh()
+        with self.server.lock:
+            self._sync()
+
     def close(self) -> None:
         """Drop this backend's adapter files; a server started here is shared by the
         process's backends and stopped at exit."""
@@ -88,11 +100,11 @@ class VLLMBackend:
     def generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         if not requests:
             return []
-        if self.merged:
-            if self._stale or self.server.weights_tag != self._tag:  # ours changed, or another's are there
-                self._load_weights()
-        elif self._stale:
-            self._load_adapter()
+        with self.server.lock:  # our weights stay on a shared server for the whole round
+            self._sync()
+            return self._generate(requests, stop_strings)
+
+    def _generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         # One HTTP call per distinct token budget (all of a round's requests, usually).
         by_budget: dict[int, list[int]] = {}
         for index, request in enumerate(requests):
@@ -149,9 +161,23 @@ class VLLMBackend:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         return Generation(token_ids, values, text, reason)
 
-    def _load_weights(self) -> None:
-        """Save the policy's weights (adapters merged in) as a checkpoint and reload
-        them into the server in place."""
+    def _sync(self) -> None:
+        """Make the server sample from this backend's weights: after a refresh the
+        policy's, saved and loaded; merged, when another backend's weights are there,
+        ours again from the checkpoint of our last save (not the policy's weights, which
+        an update may have moved since)."""
+        if not self.merged:
+            if self._stale:
+                self._load_adapter()
+            return
+        if self._stale:
+            self._save_weights()
+        if self.server.weights_tag != self._tag:
+            self.server.reload_weights(str(self._checkpoint), self._tag)
+
+    def _save_weights(self) -> None:
+        """The policy's weights (adapters merged in) as a checkpoint in the server's
+        dtype, replacing the previous one, under a new tag."""
         from safetensors.torch import save_file
 
         self._version += 1
@@ -159,11 +185,9 @@ class VLLMBackend:
         directory.mkdir()
         weights = {name: w.to(self.dtype).contiguous() for name, w in merged_weights(self.policy.model).items()}
         save_file(weights, str(directory / "model.safetensors"))
-        self._tag = f"ponder-{self._session}-w{self._version}"
-        try:
-            self.server.reload_weights(str(directory), self._tag)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        if self._checkpoint is not None:
+            shutil.rmtree(self._checkpoint, ignore_errors=True)
+        self._checkpoint, self._tag = directory, f"ponder-{self._session}-w{self._version}"
         self._stale = False
 
     def _load_adapter(self) -> None:

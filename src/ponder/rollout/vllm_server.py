@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,10 +73,17 @@ class VLLMServer:
     # url -> the tag of the weights an in-place reload last put there, shared by every
     # client of that URL in this process (absent: the model on disk)
     _weights: dict[str, str] = {}
+    # url -> held by a backend while it makes the server hold its weights and samples
+    # from them, so another's reload cannot land in the middle (asynchronous rollouts)
+    _locks: dict[str, threading.Lock] = {}
 
     @property
     def weights_tag(self) -> str:
         return self._weights.get(self.url, "")
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._locks.setdefault(self.url, threading.Lock())
 
     def __init__(self, url: str, timeout_s: float = 120.0, retries: int = 2, check_s: float = 5.0) -> None:
         import httpx

@@ -143,14 +143,10 @@ class LocalRollouts:
 
     def submit(self, tasks: list[Task]) -> Any:
         backend = self.engine.backend
-        if not hasattr(backend, "sampling_model"):
+        if not hasattr(backend, "snapshot"):
             raise ValueError(f"train.async_rollouts: the {type(backend).__name__} backend samples from the live "
-                             "weights, which the update changes under it; use the hf backend or --ray")  # fmt: skip
-        if not hasattr(backend.policy.model, "peft_config"):
-            raise ValueError("train.async_rollouts in one process needs lora.enabled: the sampling copy shares the "
-                             "weights full fine-tuning changes in place; use --ray for full fine-tuning")  # fmt: skip
-        backend.refresh()
-        backend.sampling_model()  # the merged copy is taken now, before the update moves the weights
+                             "weights, which the update changes under it; use the hf or vllm backend or --ray")  # fmt: skip
+        backend.snapshot()  # the weights are taken now, before the update moves them
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="ponder-rollout")
         return self._thread.submit(self.engine.run, tasks)
