@@ -97,7 +97,7 @@ def test_a_bf16_sampler_is_corrected_from_the_updates_own_forward():
         metrics = trainer.train_step()
         assert 0 < metrics["rollout/logprob_mismatch"] < 1.0
         assert 0 < metrics["policy/tis_weight"] <= recipe.algo.tis_cap
-        assert trainer._one_pass_on_policy(4) != recomputed
+        assert trainer._old_from_forward(4) != recomputed
 
 
 @pytest.mark.parametrize("setting", ["rollout.sampling.dtype", "lora.base_matmul_dtype"])

@@ -25,7 +25,7 @@ class TokenBatch:
     sampler_logprobs: [B, L-1], the generation backend's log-probs when the trainer
     recomputed old_logprobs itself (a sampler with other kernels: vLLM, a bf16
     decoder), else None.
-    old_from_forward: the update is one pass over the batch at the sampling weights, so
+    old_from_forward: the update is one pass over the batch at the current weights, so
     the trainer's old log-probs are its own forward's, detached (train/update.py), and
     old_logprobs holds the sampler's until then.
     """

@@ -305,7 +305,7 @@ class RLTrainer:
         tick = time.perf_counter()
         micro = algo.logprob_micro_batch_size or algo.micro_batch_size
         if not getattr(self.backend, "logprobs_match_trainer", True):  # vLLM, bf16: not the trainer's kernels
-            if self._one_pass_on_policy(len(batch)):
+            if self._old_from_forward(len(batch)):
                 take_old_logprobs_from_forward(batch)
             else:
                 sampled.update(recompute_old_logprobs(self.policy, batch, micro, sampling.temperature))
@@ -356,12 +356,14 @@ class RLTrainer:
         )
         return metrics
 
-    def _one_pass_on_policy(self, rows: int) -> bool:
-        """The update is one pass over these rows at the weights that sampled them and
-        nothing reads the old log-probs before it (train/update.py take_old_logprobs_from_forward)."""
+    def _old_from_forward(self, rows: int) -> bool:
+        """The update is one pass over these rows at the current weights and nothing reads
+        the old log-probs before it, so its forward, detached, is what a separate pass
+        would compute (train/update.py take_old_logprobs_from_forward); with async
+        rollouts the sampler's weights were one update older, which the TIS weight carries."""
         algo = self.recipe.algo
         one_pass = algo.epochs == 1 and (algo.mini_batch_size == 0 or algo.mini_batch_size >= rows)
-        return one_pass and not self.recipe.train.async_rollouts and not algo.kl_in_reward
+        return one_pass and not algo.kl_in_reward
 
     def _prefetching(self) -> bool:
         cfg = self.recipe.train

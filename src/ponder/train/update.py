@@ -94,11 +94,12 @@ def recompute_old_logprobs(policy: Policy, batch: TokenBatch, micro_batch_size: 
 
 
 def take_old_logprobs_from_forward(batch: TokenBatch) -> None:
-    """The update will be one pass over the batch at the weights that sampled it (one
-    epoch, one mini-batch, rollouts on-policy), so its own forward, detached, is the
-    trainer's old log-probs: the PPO ratio is 1 and the TIS weight compares that forward
-    with the sampler's log-probs, without the extra forward `recompute_old_logprobs`
-    runs. The gap is logged by the update (rollout/logprob_mismatch, rollout/sampler_kl)."""
+    """The update will be one pass over the batch at the current weights (one epoch, one
+    mini-batch), so its own forward, detached, is the trainer's old log-probs, as
+    `recompute_old_logprobs` would compute them without its extra forward: the PPO
+    ratio is 1 and the TIS weight compares that forward with the sampler's log-probs
+    (a kernel gap; with async rollouts also the update the sampler had not seen). The
+    gap is logged by the update (rollout/logprob_mismatch, rollout/sampler_kl)."""
     batch.sampler_logprobs, batch.old_from_forward = batch.old_logprobs, True
 
 
