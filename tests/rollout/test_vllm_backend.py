@@ -342,7 +342,8 @@ def test_async_rollouts_sample_the_snapshot_while_the_update_and_another_backend
     from tests.train.test_rl_trainer import TINY, low_id_share
 
     generator = torch.Generator().manual_seed(3)
-    lora, full = apply_lora(load_policy("smollm2-135m"), LoraConfig(r=8, alpha=16)), load_policy("smollm2-135m")
+    lora = apply_lora(load_policy("smollm2-135m"), LoraConfig(r=8, alpha=16))
+    full = load_policy("smollm2-135m")
     rollout = RolloutConfig(sampling=SamplingConfig(max_total_tokens=512), vllm_weight_sync="merged",
                             vllm_python=str(VLLM_PYTHON))  # fmt: skip
     backend = VLLMBackend(lora, rollout, seed=0)
@@ -365,9 +366,10 @@ def test_async_rollouts_sample_the_snapshot_while_the_update_and_another_backend
         assert float((_trainer_logprobs(lora, context, generation.token_ids) - sampled).abs().mean()) < 1e-3
 
         small = [o for o in TINY if not o.startswith(("model.", "algo.micro"))]
-        config = load_recipe(None, small + ["model.name=smollm2-135m", "train.steps=2", "env.max_turns=1",
-                                            "optim.lr=1e-2", "train.async_rollouts=true", "rollout.backend=vllm",
-                                            f"rollout.vllm_url={backend.server.url}"])  # fmt: skip
+        overrides = ["model.name=smollm2-135m", "train.steps=2", "env.max_turns=1", "optim.lr=1e-2",
+                     "train.async_rollouts=true", "rollout.backend=vllm",
+                     f"rollout.vllm_url={backend.server.url}"]
+        config = load_recipe(None, small + overrides)
         RLTrainer.from_recipe(config, tmp_path, reward=low_id_share).train()
         records = read_metrics(tmp_path)
         assert [r["policy/staleness"] for r in records] == [0.0, 1.0]

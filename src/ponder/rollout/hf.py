@@ -96,8 +96,9 @@ class HFBackend:
         does not move the weights later generate calls sample from. A LoRA policy's
         only: without adapters the copy shares the weights full fine-tuning changes."""
         if not is_lora(self.policy.model):
-            raise ValueError("train.async_rollouts in one process needs lora.enabled: the sampling copy shares the "
-                             "weights full fine-tuning changes in place; use rollout.backend=vllm or --ray")  # fmt: skip
+            raise ValueError("train.async_rollouts in one process needs lora.enabled: the sampling copy "
+                             "shares the weights full fine-tuning changes in place; "
+                             "use rollout.backend=vllm or --ray")
         self.refresh()
         self.sampling_model()
 

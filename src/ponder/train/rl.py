@@ -144,8 +144,9 @@ class LocalRollouts:
     def submit(self, tasks: list[Task]) -> Any:
         backend = self.engine.backend
         if not hasattr(backend, "snapshot"):
-            raise ValueError(f"train.async_rollouts: the {type(backend).__name__} backend samples from the live "
-                             "weights, which the update changes under it; use the hf or vllm backend or --ray")  # fmt: skip
+            raise ValueError(f"train.async_rollouts: the {type(backend).__name__} backend samples from the "
+                             "live weights, which the update changes under it; "
+                             "use the hf or vllm backend or --ray")
         backend.snapshot()  # the weights are taken now, before the update moves them
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="ponder-rollout")
