@@ -17,7 +17,12 @@ and the fp32 trainer's on the tokens it sampled (`--gap-batch` episodes): the me
 --load N measures each system twice: on the idle machine, then beside a competing job
 of N busy processes (one session of its own, at this process's priority, like another
 user's job; started --settle seconds before, so the load average printed has seen it),
-and prints each system's slowdown and the threads ponder's decoder chose.
+and prints each system's slowdown and the threads ponder's decoder chose. Each round
+also reads the kernel's scheduler accounting (/proc/PID/task/TID/schedstat) of the
+system it measures (ponder: this process; vLLM: the server's process group): CPU
+seconds on a core and seconds waiting for one, per generated token, so a slowdown
+under load reads as more work per token (shared caches, memory bandwidth, spinning)
+or as time in the run queue (the scheduler's share).
 """
 
 from __future__ import annotations
@@ -57,13 +62,46 @@ def prompts(tokenizer, batch: int) -> list[list[int]]:
     return out
 
 
-def tokens_per_s(backend, contexts: list[list[int]], new_tokens: int, round_index: int) -> float:
+def schedstat(backend) -> tuple[float, float]:
+    """(seconds on a CPU, seconds waiting in a run queue) summed over the threads of
+    the processes that do `backend`'s work: this process, or the vLLM server's group."""
+    server = getattr(backend, "server", None)
+    pids = [os.getpid()] if server is None else _group(os.getpgid(server.process.pid))
+    run = wait = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                on_cpu, queued, _ = (task / "schedstat").read_text().split()
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue  # a thread that ended meanwhile
+            run, wait = run + int(on_cpu), wait + int(queued)
+    return run / 1e9, wait / 1e9
+
+
+def _group(pgid: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        pids += [int(stat.parent.name)] if int(fields[2]) == pgid else []
+    return pids
+
+
+def tokens_per_s(backend, contexts: list[list[int]], new_tokens: int, round_index: int) -> dict[str, float]:
+    """Generated tokens / wall second of one `generate` call, with its CPU and
+    run-queue milliseconds per token."""
     # fresh keys each round: no KV reuse across rounds for ponder (vLLM's prefix cache stays on, its default)
     requests = [GenerationRequest(f"r{round_index}-{i}", c, new_tokens) for i, c in enumerate(contexts)]
+    run, wait = schedstat(backend)
     start = time.perf_counter()
     generations = backend.generate(requests, [])
     elapsed = time.perf_counter() - start
-    return sum(len(g.token_ids) for g in generations) / elapsed
+    run_after, wait_after = schedstat(backend)
+    tokens = sum(len(g.token_ids) for g in generations)
+    return {"tok/s": tokens / elapsed, "cpu ms/tok": 1e3 * (run_after - run) / tokens,
+            "wait ms/tok": 1e3 * (wait_after - wait) / tokens}  # fmt: skip
 
 
 SPIN = """
@@ -88,18 +126,23 @@ def sweep(systems: dict, tokenizer, args: argparse.Namespace, label: str) -> lis
     results = []
     for batch in args.batches:
         contexts = prompts(tokenizer, batch)
-        runs: dict[str, list[float]] = {name: [] for name in systems}
+        runs: dict[str, list[dict]] = {name: [] for name in systems}
         threads = []  # what ponder's decoder chose (ponder.models.cpu_threads)
         for round_index in range(args.repeats):
             for name, backend in systems.items():
                 time.sleep(args.pause)  # vLLM's engine polls a core for ~1 s after it answers
                 runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
                 threads += [last_decision()] if name.startswith("ponder") else []
-        row = {"batch": batch, "load": label, **{name: statistics.median(v) for name, v in runs.items()},
-               "ponder threads": threads}  # fmt: skip
+        row = {"batch": batch, "load": label, "ponder threads": threads}
+        for name, rounds in runs.items():  # medians over the rounds
+            for key in rounds[0]:
+                row[name if key == "tok/s" else f"{name} {key}"] = statistics.median(r[key] for r in rounds)
         cells = "  ".join(f"{name} {row[name]:7.1f}" for name in systems)
         ratios = ratio_cells(row, list(systems))
         print(f"{label} batch {batch:>3}: {cells} tok/s  {ratios}  threads {threads}", flush=True)
+        accounting = "  ".join(f"{name} {row[f'{name} cpu ms/tok']:.1f} + {row[f'{name} wait ms/tok']:.1f}"
+                               for name in systems)  # fmt: skip
+        print(f"{'':>{len(label)}} cpu + run-queue ms/token: {accounting}", flush=True)
         results.append(row)
     return results
 
