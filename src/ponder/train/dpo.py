@@ -20,7 +20,7 @@ from ponder.algos.dpo import (
 )  # fmt: skip
 from ponder.config import DPOConfig, OptimConfig
 from ponder.data.format import TokenizedExample
-from ponder.models.cpu_threads import step_threads, torch_threads
+from ponder.models.cpu_threads import cpu_block
 from ponder.models.logprobs import adapters_disabled
 from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
@@ -187,7 +187,7 @@ class DPOTrainer:
         for start in range(0, len(indices), self.cfg.micro_batch_size):
             part = indices[start : start + self.cfg.micro_batch_size]
             pairs = [self.pairs[i] for i in part]
-            with torch_threads(step_threads()):  # fewer while other processes hold the cores
+            with cpu_block():  # fewer while other processes hold the cores
                 chosen, rejected, chosen_mean = pair_logprobs(self.policy, pairs, self.average)
                 ref = (None, None)
                 if self.reference is not None:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ponder.algos import demonstration_nll
 from ponder.config import OptimConfig, Recipe, SFTConfig
 from ponder.models import Policy
-from ponder.models.cpu_threads import step_threads, torch_threads
+from ponder.models.cpu_threads import cpu_block
 from ponder.models.forward import forward_policy
 from ponder.models.memory import release_memory
 from ponder.rollout import RolloutEngine, ScriptedBackend
@@ -122,7 +122,7 @@ def imitation_backward(policy: Policy, batch: TokenBatch, micro_batch_size: int,
     total = 0.0
     for start in range(0, len(batch), micro_batch_size):
         part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
-        with torch_threads(step_threads()):  # fewer while other processes hold the cores
+        with cpu_block():  # fewer while other processes hold the cores
             logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
             nll = demonstration_nll(logprobs, part.loss_mask, tokens)
             (scale * nll).backward()

@@ -16,7 +16,7 @@ import torch
 
 from ponder.config import OptimConfig, SFTTrainerConfig
 from ponder.data.format import TokenizedExample, pack
-from ponder.models.cpu_threads import step_threads, torch_threads
+from ponder.models.cpu_threads import cpu_block
 from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
@@ -92,7 +92,7 @@ def token_nll(
         batch = collate(rows[start : start + micro_batch_size], policy.tokenizer.pad_token_id)
         mask = batch.loss_mask.to(policy.device)
         ids, attention = batch.input_ids.to(policy.device), batch.attention_mask.to(policy.device)
-        with torch.set_grad_enabled(backward), torch_threads(step_threads()):
+        with torch.set_grad_enabled(backward), cpu_block():
             logprobs, _, _ = forward_policy(policy.model, ids, attention, loss_mask=mask)
             loss = -(logprobs * mask).sum() / total_tokens
             if backward:

@@ -29,7 +29,7 @@ from ponder.algos import (
 from ponder.algos.utils import masked_mean
 from ponder.config import AlgoConfig
 from ponder.models import Policy
-from ponder.models.cpu_threads import step_threads, torch_threads
+from ponder.models.cpu_threads import cpu_block
 from ponder.models.forward import forward_policy
 from ponder.models.value_head import ValueHead
 from ponder.train.batch import TokenBatch
@@ -72,7 +72,7 @@ def forward_pass_no_grad(
     for start in range(0, len(batch), micro_batch_size):
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
         part = batch.select(rows).to(policy.device)
-        with torch_threads(step_threads()):  # fewer while other processes hold the cores
+        with cpu_block():  # fewer while other processes hold the cores
             logprobs, _, values = forward_policy(
                 policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
             )
@@ -140,7 +140,7 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
             param.grad = torch.zeros_like(param)
     for start in range(0, len(rows), algo.micro_batch_size):
         part = mini.select(rows[start : start + algo.micro_batch_size]).to(inputs.policy.device)
-        with torch_threads(step_threads()):  # fewer while other processes hold the cores
+        with cpu_block():  # fewer while other processes hold the cores
             loss, part_stats = _micro_batch_loss(inputs, part, denominator)
             if not torch.isfinite(loss):
                 inputs.optimizer.zero_grad(set_to_none=True)
