@@ -23,7 +23,7 @@ could not tell this process's own recent work from another job's (a competing jo
 two busy processes read as this process's two threads). Only the process's first
 decision sleeps for a fresh 0.1 s window: beside two busy processes that sleep took
 0.1-0.64 s to return (the scheduler's wake-up), up to a quarter of a batch-1 decode
-call (docs/benchmarks.md, "Under CPU contention").
+call (docs/benchmarks.md, "Under contention, profiled").
 
 `PONDER_CPU_THREADS=auto|N` (default auto) forces a count, for A/B runs.
 """
