@@ -184,6 +184,18 @@ def test_torch_threads_restores_the_count():
     assert torch.get_num_threads() == before
 
 
+def test_torch_threads_sets_the_count_even_when_torch_reports_it(monkeypatch):
+    # OpenMP's team size is per thread: a thread that did not set it may compute on one
+    # thread while torch reports two, so the block sets it in its own thread every time
+    calls: list[int] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n)))
+    current = torch.get_num_threads()
+    with torch_threads(current):
+        pass
+    assert calls == [current, current]
+
+
 def test_training_passes_run_at_the_chosen_count(monkeypatch):
     """The RL update, its no-grad passes and the SFT step each run their forward (and
     backward) at the count step_threads chooses, and give torch its own count back."""

@@ -172,12 +172,14 @@ def last_decision() -> int | None:
 
 @contextlib.contextmanager
 def torch_threads(count: int) -> Iterator[None]:
-    """torch.set_num_threads(count) inside the block, the previous count after it."""
+    """torch.set_num_threads(count) inside the block, the previous count after it.
+    Set even when torch already reports `count`: OpenMP's team size is per calling
+    thread, and a thread other than the one that set it (a threaded Ray actor's method,
+    as the learner's training loop) computed on one thread while torch reported two
+    (a 2048² matmul 1.57 s against 0.82 s; docs/scale.md "Six more seeds")."""
     before = torch.get_num_threads()
-    if count != before:
-        torch.set_num_threads(count)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
-        if count != before:
-            torch.set_num_threads(before)
+        torch.set_num_threads(before)
