@@ -56,7 +56,8 @@ def one_call(backend, contexts, mode: str, key: str, new_tokens: int) -> tuple[f
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--load", type=int, default=2, help="busy processes beside the calls")
     parser.add_argument("--calls", type=int, default=6, help="calls per mode")
     parser.add_argument("--pause", type=float, default=2.0, help="seconds before each call")
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     print("ms per token: wall / CPU / run queue / the choice itself", flush=True)
     for mode, rows in calls.items():
         median = statistics.median(r[0] for r in rows)
-        print(f"{'chosen' if mode == 'auto' else 'one thread':>10}: median wall {median:.1f}  {rows}", flush=True)
+        name = "chosen" if mode == "auto" else "one thread"
+        print(f"{name:>10}: median wall {median:.1f}  {rows}", flush=True)
     return 0
 
 

@@ -27,12 +27,13 @@ def test_a_server_is_charged_its_whole_process_group_not_this_process(tmp_path):
     # a parent and its child in a new session, each spinning 0.4 CPU seconds
     child = SPIN.format(s=0.4, done=str(tmp_path / "child"))
     code = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n"
-    server = subprocess.Popen([sys.executable, "-c", code + SPIN.format(s=0.4, done=str(tmp_path / "parent"))],
-                              start_new_session=True)  # fmt: skip
+    parent = SPIN.format(s=0.4, done=str(tmp_path / "parent"))
+    server = subprocess.Popen([sys.executable, "-c", code + parent], start_new_session=True)
     try:
         mine = time.process_time()
         deadline = time.time() + 30
-        while not ((tmp_path / "child").exists() and (tmp_path / "parent").exists()) and time.time() < deadline:
+        done = [tmp_path / "child", tmp_path / "parent"]
+        while not all(path.exists() for path in done) and time.time() < deadline:
             time.sleep(0.05)
         run, _ = schedstat(SimpleNamespace(server=SimpleNamespace(process=server)))
         assert 0.8 <= run < 1.3  # 0.8 s of spinning and two interpreters' start-up
