@@ -79,13 +79,15 @@ def schedstat(backend) -> tuple[float, float]:
 
 
 def _group(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (field 5 of /proc/PID/stat)."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        pids += [int(stat.parent.name)] if int(fields[2]) == pgid else []
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
     return pids
 
 

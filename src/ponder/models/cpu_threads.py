@@ -114,9 +114,7 @@ class Decisions:
             elif now.wall - before.wall > STALE_S:
                 self.snapshot = now  # `finish` measures from here
                 return min(self.threads, own)
-            self.snapshot = now
-            self.threads = threads_for(others_busy(before, now), own, len(cores))
-            return self.threads
+            return self._decide(before, now, own, cores)
 
     def finish(self, own: int, cores: set[int]) -> None:
         """At a CPU block's end: what the others used during it decides the next block."""
@@ -126,8 +124,13 @@ class Decisions:
             now, before = read_snapshot(cores), self.snapshot
             if now is None or before is None or now.wall - before.wall < REUSE_S:
                 return
-            self.snapshot = now
-            self.threads = threads_for(others_busy(before, now), own, len(cores))
+            self._decide(before, now, own, cores)
+
+    def _decide(self, before: CpuSnapshot, now: CpuSnapshot, own: int, cores: set[int]) -> int:
+        """What the others used from `before` to `now` sets the count; `now` is kept."""
+        self.snapshot = now
+        self.threads = threads_for(others_busy(before, now), own, len(cores))
+        return self.threads
 
 
 _DECISIONS = Decisions()

@@ -57,7 +57,7 @@ class Learner:
         # Ray starts an actor with OMP_NUM_THREADS = its num_cpus (1), which held the
         # update to one thread while the rollout workers sat idle (a 2-core local
         # cluster: 31-42 s an update against ~22 s in one process). Like a one-process
-        # run, the learner takes the cores it may run on; step_threads() drops to those
+        # run, the learner takes the cores it may run on; cpu_block() drops to those
         # the workers leave free when they run beside it (models/cpu_threads.py).
         torch.set_num_threads(learner_threads())
         self.trainer = RLTrainer.from_recipe(recipe, run_dir, reward=reward)
