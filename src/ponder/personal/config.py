@@ -1,6 +1,6 @@
 """`PersonalConfig`: how a user's adapter is updated from their feedback.
 
-It lives here rather than in ponder/config.py because no recipe names it: `ponder
+It lives here rather than in ponder/config/ because no recipe names it: `ponder
 personal update` takes it from flags, `ponder serve --users` from ServeConfig and from
 the body of POST /v1/users/{user}/update.
 """

@@ -1,0 +1,62 @@
+"""Typed, nested configuration. YAML recipes load into these dataclasses; CLI
+overrides (`rollout.sampling.temperature=0.7`) apply on top. Unknown keys and wrong
+types fail before anything heavy loads, naming the file and the dotted key.
+
+- sections.py: the recipe's sections and `Recipe` (every field documented there);
+- pipeline.py: the staged pipeline's sections and `PipelineRecipe`;
+- load.py: YAML, overrides, validation (`load_recipe`, `ConfigError`).
+
+Plain data: imports nothing of ponder outside this package.
+"""
+
+from ponder.config.load import (
+    ConfigError,
+    apply_overrides,
+    check_ranges,
+    from_dict,
+    load_recipe,
+    packaged_recipes,
+    resolve_recipe_path,
+    save_recipe,
+    to_dict,
+)
+from ponder.config.pipeline import (
+    AgentRewardConfig,
+    ContinualConfig,
+    DataConfig,
+    DPOConfig,
+    PipelineConfig,
+    PipelineRecipe,
+    SelectionConfig,
+    SFTTrainerConfig,
+)
+from ponder.config.sections import (
+    AlgoConfig,
+    EnvConfig,
+    EvalConfig,
+    ImproveConfig,
+    JudgeConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    Recipe,
+    RetrieverConfig,
+    RewardConfig,
+    RolloutConfig,
+    RopeScalingConfig,
+    SamplingConfig,
+    SFTConfig,
+    ShapingConfig,
+    TaskGenConfig,
+    TrackingConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "AgentRewardConfig", "AlgoConfig", "ConfigError", "ContinualConfig", "DataConfig", "DPOConfig", "EnvConfig",
+    "EvalConfig", "ImproveConfig", "JudgeConfig", "LoraConfig", "ModelConfig", "OptimConfig", "PipelineConfig",
+    "PipelineRecipe", "Recipe", "RetrieverConfig", "RewardConfig", "RolloutConfig", "RopeScalingConfig",
+    "SamplingConfig", "SelectionConfig", "SFTConfig", "SFTTrainerConfig", "ShapingConfig", "TaskGenConfig",
+    "TrackingConfig", "TrainConfig", "apply_overrides", "check_ranges", "from_dict", "load_recipe",
+    "packaged_recipes", "resolve_recipe_path", "save_recipe", "to_dict",
+]  # fmt: skip
