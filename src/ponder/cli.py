@@ -119,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe, save_recipe, to_dict
     from ponder.models.adapters import MANIFEST, load_adapter_weights
     from ponder.rundir import check_resume_recipe, claim_run_dir, discard_on_error, require_run_dir
-    from ponder.train.progress import item_progress, training_progress
+    from ponder.train.progress import item_progress
     from ponder.train.demo import copy_warm_up, warm_up_weights
     from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
     from ponder.train.sft import warm_up
@@ -166,6 +166,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
     if args.ray and recipe.train.ray_learner:
         return _train_ray_learner(learner, recipe, run_dir)
+    return _train_here(args, trainer, recipe, run_dir)
+
+
+def _train_here(args: argparse.Namespace, trainer: Any, recipe: Any, run_dir: Any) -> int:
+    """The learner in this process (its rollouts here or, with --ray, on Ray workers)."""
+    from ponder.train.progress import training_progress
+
     start = trainer.resume() if args.resume else 0
     with contextlib.ExitStack() as stack:
         if args.ray:
@@ -446,6 +453,12 @@ def cmd_gain(args: argparse.Namespace) -> int:
 
 def _add_training_commands(commands: Any) -> None:
     """`train`, `plot`, `demo` and `gain`."""
+    _add_train_command(commands)
+    _add_plot_and_demo_commands(commands)
+    _add_gain_command(commands)
+
+
+def _add_train_command(commands: Any) -> None:
     train = commands.add_parser("train", help="RL-train a policy (GRPO, RLOO, REINFORCE, PPO) from a recipe")
     source = train.add_mutually_exclusive_group(required=True)
     source.add_argument("--recipe", help="YAML recipe, e.g. recipes/search_qa_grpo.yaml")
@@ -466,6 +479,8 @@ def _add_training_commands(commands: Any) -> None:
     train.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     train.set_defaults(handler=cmd_train)
 
+
+def _add_plot_and_demo_commands(commands: Any) -> None:
     plot = commands.add_parser(
         "plot", help="write learning-curve PNGs of a run into RUN_DIR/plots, or overlay runs (--compare)",
         description="With one RUN_DIR: every learning-curve figure of the run into RUN_DIR/plots. With "
@@ -494,6 +509,8 @@ def _add_training_commands(commands: Any) -> None:
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     demo.set_defaults(handler=cmd_demo)
 
+
+def _add_gain_command(commands: Any) -> None:
     gain = commands.add_parser(
         "gain",
         help="reward gain of one demo stage over another on the same held-out tasks, pooled over runs (seeds)",
@@ -532,7 +549,25 @@ def build_parser() -> argparse.ArgumentParser:
         "Errors print one line; PONDER_DEBUG=1 ponder ... shows the traceback.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_eval_and_retriever_commands(commands)
+    _add_mcp_serve_command(commands)
+    _add_training_commands(commands)
+    _add_pipeline_command(commands)
+    _add_export_command(commands)
+    _add_merge_command(commands)
+    _add_needle_command(commands)
+    _add_report_command(commands)
 
+    gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
+    gen.add_argument("--out", required=True, help="output directory")
+    gen.add_argument("--recipe", help="recipe whose env.taskgen settings to use")
+    gen.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    gen.set_defaults(handler=cmd_gen_tasks)
+    _register_package_commands(commands)
+    return parser
+
+
+def _add_eval_and_retriever_commands(commands: Any) -> None:
     run = commands.add_parser("eval", help="evaluate a policy on held-out search-QA tasks; writes Parquet + JSON")
     run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
     run.add_argument("--model", help=MODEL_HELP)
@@ -558,20 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-topk", type=int, default=100, help="a larger topk gets 422")
     serve.set_defaults(handler=cmd_serve_retriever)
 
-    _add_mcp_serve_command(commands)
-    _add_training_commands(commands)
-    _add_pipeline_command(commands)
-    _add_export_command(commands)
-    _add_merge_command(commands)
-    _add_needle_command(commands)
-    _add_report_command(commands)
 
-    gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
-    gen.add_argument("--out", required=True, help="output directory")
-    gen.add_argument("--recipe", help="recipe whose env.taskgen settings to use")
-    gen.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
-    gen.set_defaults(handler=cmd_gen_tasks)
-
+def _register_package_commands(commands: Any) -> None:
+    """The commands other packages define."""
     from ponder.agent.cli import register as register_agent_commands
 
     register_agent_commands(commands)  # `chat` and `run-agent`
@@ -590,7 +614,6 @@ def build_parser() -> argparse.ArgumentParser:
     from ponder.personal.cli import register as register_personal_command
 
     register_personal_command(commands)  # `personal`
-    return parser
 
 
 def _add_mcp_serve_command(commands: Any) -> None:

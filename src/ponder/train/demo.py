@@ -80,15 +80,20 @@ def run_demo(
         stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy))
         held_out("rl")
         if "sft" in results["stages"]:
-            gain = paired_by_task(load_trajectories(run_dir / "eval-sft.parquet"),
-                                  load_trajectories(run_dir / "eval-rl.parquet"))  # fmt: skip
-            results["rl_gain"] = {"gain": gain.gain, "se_paired": gain.se_paired, "n": gain.n}
-            results["verdict"] = verdict(gain)
+            results.update(_rl_gain(run_dir))
         plot_run(run_dir)  # the RL and SFT curves, each in its stage's plots/
     results["timing_s"]["total"] = time.perf_counter() - started
     plot_stages(results, run_dir / "stages.png")
     write_json_atomic(run_dir / "results.json", results)
     return results
+
+
+def _rl_gain(run_dir: Path) -> dict[str, Any]:
+    """RL's paired gain over SFT on the held-out tasks, and the one-line verdict."""
+    before, after = (load_trajectories(run_dir / f"eval-{stage}.parquet") for stage in ("sft", "rl"))
+    gain = paired_by_task(before, after)
+    summary = {"gain": gain.gain, "se_paired": gain.se_paired, "n": gain.n}
+    return {"rl_gain": summary, "verdict": verdict(gain)}
 
 
 def _reused_evaluations(previous: _SFTRun, run_dir: Path, recipe: Recipe, policy: Any) -> dict[str, Any]:

@@ -289,7 +289,6 @@ class RLTrainer:
 
     def train_step(self) -> dict[str, float]:
         """One RL step: rollout → reward → advantage → update. Returns its metrics."""
-        algo, sampling = self.recipe.algo, self.recipe.rollout.sampling
         self.policy.model.eval()
         if self._pending is None:  # else the step's rollouts are in flight, with the last step's weights
             self.rollouts.begin_step(self.step)
@@ -304,30 +303,9 @@ class RLTrainer:
             self.backend.refresh()
         batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
         tick = time.perf_counter()
-        micro = algo.logprob_micro_batch_size or algo.micro_batch_size
-        if not getattr(self.backend, "logprobs_match_trainer", True):  # vLLM, bf16: not the trainer's kernels
-            if self._old_from_forward(len(batch)):
-                take_old_logprobs_from_forward(batch)
-            else:
-                sampled.update(recompute_old_logprobs(self.policy, batch, micro, sampling.temperature))
-        if algo.kl_coef > 0:
-            with self._reference_policy():
-                batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature)
-        if self.value_head is not None:
-            batch.old_values = forward_pass_no_grad(self.policy, batch, micro, sampling.temperature, self.value_head)
+        sampled.update(self._no_grad_passes(batch))
         logprob_s = time.perf_counter() - tick
-        token_rewards = None
-        if algo.kl_in_reward and batch.ref_logprobs is not None:
-            token_kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, algo.kl_estimator)
-            token_rewards = kl_penalty_rewards(token_kl, batch.loss_mask, self.kl.coef)
-        advantage_input = AdvantageInput(
-            batch.rewards, batch.loss_mask, batch.group_ids, batch.turn_ids, batch.turn_rewards,
-            batch.turn_mask, batch.old_values, token_rewards,
-        )  # fmt: skip
-        advantage_config = AdvantageConfig(
-            algo.norm_by_std, algo.std_scope, algo.std_eps, algo.gamma, algo.lam, algo.baseline_momentum, algo.whiten_gae
-        )
-        advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
+        advantages, returns = self._advantages(batch)
         # For the trackers (histogram, sampled episodes): the advantages of trained tokens.
         self._last_step = (advantages[batch.loss_mask > 0].detach().cpu().numpy(), tasks, trajectories)
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
@@ -356,6 +334,43 @@ class RLTrainer:
             }
         )
         return metrics
+
+    def _no_grad_passes(self, batch: TokenBatch) -> dict[str, float]:
+        """The trainer's old log-probs where the sampler's kernels are not its own (vLLM,
+        bf16), the reference's (kl_coef > 0) and the value head's estimates, into
+        `batch`; returns the sampler mismatch metrics."""
+        algo, temperature = self.recipe.algo, self.recipe.rollout.sampling.temperature
+        micro = algo.logprob_micro_batch_size or algo.micro_batch_size
+        metrics: dict[str, float] = {}
+        if not getattr(self.backend, "logprobs_match_trainer", True):
+            if self._old_from_forward(len(batch)):
+                take_old_logprobs_from_forward(batch)
+            else:
+                metrics = recompute_old_logprobs(self.policy, batch, micro, temperature)
+        if algo.kl_coef > 0:
+            with self._reference_policy():
+                batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, temperature)
+        if self.value_head is not None:
+            batch.old_values = forward_pass_no_grad(self.policy, batch, micro, temperature, self.value_head)
+        return metrics
+
+    def _advantages(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's advantages and returns by algo.advantage (a KL penalty in the
+        reward first, with algo.kl_in_reward)."""
+        algo = self.recipe.algo
+        token_rewards = None
+        if algo.kl_in_reward and batch.ref_logprobs is not None:
+            token_kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, algo.kl_estimator)
+            token_rewards = kl_penalty_rewards(token_kl, batch.loss_mask, self.kl.coef)
+        advantage_input = AdvantageInput(
+            batch.rewards, batch.loss_mask, batch.group_ids, batch.turn_ids, batch.turn_rewards,
+            batch.turn_mask, batch.old_values, token_rewards,
+        )  # fmt: skip
+        advantage_config = AdvantageConfig(
+            algo.norm_by_std, algo.std_scope, algo.std_eps, algo.gamma, algo.lam, algo.baseline_momentum,
+            algo.whiten_gae,
+        )  # fmt: skip
+        return compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
 
     def _old_from_forward(self, rows: int) -> bool:
         """The update is one pass over these rows at the current weights and nothing reads
