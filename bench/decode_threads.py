@@ -39,7 +39,7 @@ PROMPT = "Write a long, detailed story about a lighthouse keeper and a storm."
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, nargs="+", default=[2], help="thread counts (several alternate)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[2], help="counts (several alternate)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="timed calls per count and batch")

@@ -53,10 +53,11 @@ from ponder.config.sections import (
 )
 
 __all__ = [
-    "AgentRewardConfig", "AlgoConfig", "ConfigError", "ContinualConfig", "DataConfig", "DPOConfig", "EnvConfig",
-    "EvalConfig", "ImproveConfig", "JudgeConfig", "LoraConfig", "ModelConfig", "OptimConfig", "PipelineConfig",
-    "PipelineRecipe", "Recipe", "RetrieverConfig", "RewardConfig", "RolloutConfig", "RopeScalingConfig",
-    "SamplingConfig", "SelectionConfig", "SFTConfig", "SFTTrainerConfig", "ShapingConfig", "TaskGenConfig",
-    "TrackingConfig", "TrainConfig", "apply_overrides", "check_ranges", "from_dict", "load_recipe",
-    "packaged_recipes", "resolve_recipe_path", "save_recipe", "to_dict",
+    "AgentRewardConfig", "AlgoConfig", "apply_overrides", "check_ranges", "ConfigError",
+    "ContinualConfig", "DataConfig", "DPOConfig", "EnvConfig", "EvalConfig", "from_dict",
+    "ImproveConfig", "JudgeConfig", "load_recipe", "LoraConfig", "ModelConfig", "OptimConfig",
+    "packaged_recipes", "PipelineConfig", "PipelineRecipe", "Recipe", "resolve_recipe_path",
+    "RetrieverConfig", "RewardConfig", "RolloutConfig", "RopeScalingConfig", "SamplingConfig",
+    "save_recipe", "SelectionConfig", "SFTConfig", "SFTTrainerConfig", "ShapingConfig",
+    "TaskGenConfig", "to_dict", "TrackingConfig", "TrainConfig",
 ]  # fmt: skip
