@@ -4,7 +4,8 @@ types fail before anything heavy loads, naming the file and the dotted key.
 
 - sections.py: the recipe's sections and `Recipe` (every field documented there);
 - pipeline.py: the staged pipeline's sections and `PipelineRecipe`;
-- load.py: YAML, overrides, validation (`load_recipe`, `ConfigError`).
+- load.py: YAML, overrides, validation (`load_recipe`, `ConfigError`);
+- reference.py: the recipe reference (docs/guide/recipe-reference.md) from the docstrings.
 
 Plain data: imports nothing of ponder outside this package.
 """

@@ -40,13 +40,15 @@ class DataConfig:
 class SFTTrainerConfig:
     """The pipeline's SFT stage on conversations (loss on assistant tokens only).
 
-    steps: optimizer steps. batch_size: examples per optimizer step, split into
-    micro_batch_size chunks (gradient accumulation; the loss is the exact token
-    mean over the whole batch). lr / warmup_steps / schedule: AdamW peak LR, linear
-    warm-up, then `cosine`, `linear` or `constant`. packing: concatenate short
-    examples into one row (off: one example per row). eval_every: eval loss on
-    the held-out examples every N steps (0 = only at the end). save_every:
-    checkpoint cadence (always at the end).
+    steps: optimizer steps.
+    batch_size / micro_batch_size: examples per optimizer step, split into
+        micro_batch_size chunks (gradient accumulation; the loss is the exact token
+        mean over the whole batch).
+    lr / warmup_steps / schedule: AdamW peak LR, linear warm-up, then `cosine`,
+        `linear` or `constant`.
+    packing: concatenate short examples into one row (off: one example per row).
+    eval_every: eval loss on the held-out examples every N steps (0 = only at the end).
+    save_every: checkpoint cadence (always at the end).
     """
 
     steps: int = 0
@@ -83,8 +85,9 @@ class ContinualConfig:
 
     replay_capacity: rehearsal buffer size (reservoir sampling; 0 = no replay).
     replay_ratio: share of each batch drawn from the buffer once it holds examples.
-    ewc_lambda: EWC penalty weight (0 = off); fisher_examples: examples of the
-        previous task whose squared gradients estimate the diagonal Fisher.
+    ewc_lambda: EWC penalty weight (0 = off).
+    fisher_examples: examples of the previous task whose squared gradients estimate
+        the diagonal Fisher.
     """
 
     replay_capacity: int = 0
@@ -97,13 +100,17 @@ class ContinualConfig:
 class AgentRewardConfig:
     """Composite agent reward (ponder.rewards.agent): weights, then named penalties.
 
-    completion: the final answer is right (exact match). tool_f1: F1 of the called
-    tools against the task's target tools. efficiency: optimal steps / steps taken
-    (capped at 1). timing: called a tool exactly when one was needed. format:
-    protocol compliance. Penalties (usually negative) are charged per occurrence:
-    wrong_tool (a tool outside the targets), redundant_call (a repeated call, or
-    calls past the optimal count), format_error (a malformed turn), timeout (the
-    episode ended without an answer).
+    completion: the final answer is right (exact match).
+    tool_f1: F1 of the called tools against the task's target tools.
+    efficiency: optimal steps / steps taken (capped at 1).
+    timing: called a tool exactly when one was needed.
+    format: protocol compliance.
+    wrong_tool, redundant_call, format_error and timeout are penalties (usually
+    negative weights), charged per occurrence.
+    wrong_tool: a tool outside the targets.
+    redundant_call: a repeated call, or calls past the optimal count.
+    format_error: a malformed turn.
+    timeout: the episode ended without an answer.
     """
 
     completion: float = 1.0
@@ -121,17 +128,19 @@ class AgentRewardConfig:
 class DPOConfig:
     """Preference optimisation (the pipeline's `dpo` stage).
 
-    prompts: training tasks to sample preferences for. samples_per_prompt: K
-    responses each, at temperature; a (best, worst) pair is kept only when best >
-    worst by the agent reward. loss: `sigmoid`, `hinge` or `ipo`. beta: inverse
-    temperature of the implicit reward. label_smoothing: assumed share of flipped
-    labels (conservative DPO; sigmoid only). reference_free: compare policy
-    log-ratios without the reference. The reference is the base model with
-    adapters disabled. rpo_alpha: weight of the chosen response's per-token NLL
-    added to the loss (RPO; TRL's rpo_alpha), 0 = plain DPO.
-    steps / batch_size / micro_batch_size / lr / warmup_steps:
-    the optimisation (pairs per step; cosine schedule). epochs_per_sample: unused
-    pairs are cycled. save_every: checkpoint cadence.
+    The reference is the base model with adapters disabled.
+    prompts: training tasks to sample preferences for.
+    samples_per_prompt / temperature: K responses each, sampled at temperature; a
+        (best, worst) pair is kept only when best > worst by the agent reward.
+    loss: `sigmoid`, `hinge` or `ipo`.
+    beta: inverse temperature of the implicit reward.
+    label_smoothing: assumed share of flipped labels (conservative DPO; sigmoid only).
+    reference_free: compare policy log-ratios without the reference.
+    rpo_alpha: weight of the chosen response's per-token NLL added to the loss (RPO;
+        TRL's rpo_alpha), 0 = plain DPO.
+    steps / batch_size / micro_batch_size / lr / warmup_steps: the optimisation
+        (pairs per step, cycled when steps need more; cosine schedule).
+    save_every: checkpoint cadence.
     """
 
     prompts: int = 32

@@ -200,7 +200,8 @@ class EnvConfig:
         `{name, command: [words]}` (stdio) or `{name, url}` (streamable HTTP), plus
         optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd` (see
         ponder.tools.mcp.client.McpServerSpec; docs/tools.md, "MCP").
-    The rest configures search-QA:
+    corpus, tasks, max_turns, max_obs_tokens, max_invalid_actions and taskgen
+    configure search-QA.
     corpus: JSONL file of {"id", "contents"}; empty = the synthetic corpus.
     tasks: JSONL file of tasks ({"id", "question", "answers", ...}); empty =
         synthetic tasks from `taskgen`.
@@ -209,6 +210,7 @@ class EnvConfig:
     max_invalid_actions: end an episode (stop reason `invalid`) after this many
         actions that break the tag protocol; 0 = never, the model is told the error
         and goes on until max_turns.
+    taskgen: the synthetic search-QA world and tasks (TaskGenConfig).
     """
 
     kind: str = "search_qa"
@@ -236,6 +238,8 @@ class ShapingConfig:
     format_gaming: a protocol tag with nothing in it (`<think></think>`).
     repetition: the actions' repeated word n-gram ratio (n = repetition_n) is at
         least repetition_threshold (a degenerate loop).
+    repetition_n / repetition_threshold: the n-gram length and the repeated share
+        at which the `repetition` detector fires.
     truncation: the episode ran into the token limit.
     judge_unverified: charges penalty x the `judge` component's score on episodes
         whose `verified` one is 0 (paid but wrong); at 1 the judge pays only where
@@ -411,7 +415,8 @@ class AlgoConfig:
         or `base` (the base model, adapters disabled). With fresh LoRA adapters the
         two are the same policy.
     kl_estimator: `k1`, `k2` or `k3`. kl_in_reward: penalise rewards instead of a loss term.
-    kl_target: if set, adapt kl_coef towards this KL (horizon kl_horizon episodes).
+    kl_target / kl_horizon: if set, adapt kl_coef towards kl_target KL, over a
+        horizon of kl_horizon episodes.
     entropy_coef: entropy bonus weight. value_coef / value_clip: PPO value loss.
     epochs: optimisation passes over each batch of episodes.
     mini_batch_size: episodes per optimizer step (0 = the whole batch).
@@ -427,6 +432,7 @@ class AlgoConfig:
         `none`, or `informative` (DAPO's dynamic sampling: groups whose rewards are
         all equal carry no signal; they are dropped and fresh tasks sampled in their
         place, up to max_refills more rollouts per step).
+    max_refills: the most extra rollouts a step makes to replace dropped groups.
     max_staleness: with train.async_rollouts, the most updates the weights that
         sampled a step's episodes may lag the weights they train (the ratio is taken
         against the sampler's logprobs, the behaviour policy's). The pipeline keeps
@@ -440,6 +446,7 @@ class AlgoConfig:
         demonstrations a step in seeded shuffled epochs (InstructGPT's PPO-ptx): it
         holds what the warm-up taught, such as when to decline, while RL moves the
         rest; 0 = off (no demonstrations built).
+    sft_rows: demonstrations in each optimizer step's SFT loss (with sft_coef > 0).
     (ponder.algos.AdvantageConfig and LossConfig document each in full.)
     """
 
@@ -491,6 +498,8 @@ class TrainConfig:
         `informative` (more tasks of the kinds whose sampled groups still differ in
         reward, i.e. carry a gradient; each kind keeps curriculum_floor of its uniform
         share). curriculum_momentum: weight of the past in each kind's running rate.
+    curriculum_floor: the share of its uniform share of tasks that every kind keeps
+        under the `informative` curriculum.
     shuffle: false = tasks in list order, cycling (no shuffled epochs).
     seed: seeds python, numpy, torch and sampling.
     eval_every / eval_episodes: evaluation cadence and size (0 = never). With
@@ -508,7 +517,7 @@ class TrainConfig:
     patience: stop after this many validation evaluations without a new best (0 = never).
     keep_best: end on the best validation weights (kept in RUN_DIR/best), not the last.
     save_every: checkpoint every N steps (always at the end).
-    out: run directory. nan_guard: stop on a NaN loss or reward.
+    out: run directory.
     stop_grace_s: after SIGINT/SIGTERM the run stops at the end of the current step
         (with a checkpoint); if the step has not finished this many seconds later, it
         stops at once (the last checkpoint resumes). 0 = wait for the step.
@@ -554,7 +563,8 @@ class TrainConfig:
 class SFTConfig:
     """Supervised warm-up on replayed demonstration episodes (loss on policy tokens only).
 
-    steps / batch_size / lr: the SFT optimisation (AdamW, constant LR after warm-up).
+    steps / batch_size / lr / warmup_steps: the SFT optimisation (AdamW, linear
+        warm-up over warmup_steps, then a constant LR).
     task_kinds: which task kinds to take demonstrations from (empty = all).
     behaviour: `oracle` (optimal actions), `always_search` (searches before every
         answer, even when the answer is in the prompt) or `search_once` (searches
