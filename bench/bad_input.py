@@ -1,4 +1,4 @@
-"""The bad-input table (issue 21; docs/results-safety.md): each case runs the real CLI
+"""The bad-input table (issue 21; docs/results/safety.md): each case runs the real CLI
 on the tiny model and must end with exit code 2, one line on stderr naming the
 problem, and nothing written (no run directory, no half-made file).
 

@@ -52,7 +52,7 @@ class BenchConfig:
     micro_batch: ponder's episodes per forward/backward in the update (gradient
         accumulation, the same gradient as one pass; 0 = the whole batch in one pass,
         as TRL does here). Smaller micro-batches bound the update's activation memory;
-        docs/benchmarks.md reports the default, 4, and the peak memory with 2.
+        docs/results/benchmarks.md reports the default, 4, and the peak memory with 2.
     warmup / steps: unmeasured then measured steps per system.
     device / dtype: where both systems run (`cpu` float32 by default; `cuda`
         bfloat16 on a GPU: the base weights in bf16 on both, LoRA weights float32).

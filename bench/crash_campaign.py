@@ -1,4 +1,4 @@
-"""Crash and corruption campaigns on the tiny model (issue 21; docs/results-safety.md).
+"""Crash and corruption campaigns on the tiny model (issue 21; docs/results/safety.md).
 
 Kill campaign: `ponder train` and `ponder pipeline run` are SIGKILLed at random
 moments, resumed (again and again, if a resume is killed too) to the end, and the

@@ -1,5 +1,5 @@
 """Decode speed of ponder's CPU decoder at a thread count, under whatever load the
-machine has now (docs/benchmarks.md, "Under CPU contention").
+machine has now (docs/results/benchmarks.md, "Under CPU contention").
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/decode_threads.py --threads 2 --batch 1
     OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=2 .venv/bin/python bench/decode_threads.py --threads 2
@@ -10,7 +10,7 @@ calls (after one warm-up) and the load average.
 
 Several counts and batches, alternating call by call (the count forced through
 PONDER_CPU_THREADS), medians over --rounds: which count is faster at which batch on
-a free machine (docs/benchmarks.md, "One thread or two, by batch"):
+a free machine (docs/results/benchmarks.md, "One thread or two, by batch"):
 
     .venv/bin/python bench/decode_threads.py --threads 1 2 --batch 1 2 4 8 --rounds 5
 """

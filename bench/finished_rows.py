@@ -1,6 +1,6 @@
 """When to drop finished rows from a CPU decode batch: ponder's decoder (the `hf`
 backend) at several values of `ponder.rollout.hf.COMPACT_AT`, rounds alternating,
-the same prompts and sampling as bench/vllm_vs_ponder.py (docs/benchmarks.md,
+the same prompts and sampling as bench/vllm_vs_ponder.py (docs/results/benchmarks.md,
 "Finished rows").
 
     .venv/bin/python bench/finished_rows.py --batches 8 32 128 --at 0.999 0.875 0.75 0.5

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU rows of docs/benchmarks.md ("On a GPU"), in one device call (under 10 min):
+# The GPU rows of docs/results/benchmarks.md ("On a GPU"), in one device call (under 10 min):
 #   bash bench/gpu_run.sh OUT_DIR
 # Needs a CUDA machine with torch, transformers, peft, accelerate (the device image),
 # and in .whl/ (installed into /tmp/site) the wheels the image lacks, for Python 3.12:

@@ -4,7 +4,7 @@ plus the time to start the stdio server and connect.
 
     python bench/mcp_latency.py [--calls 200]
 
-Prints medians in milliseconds (connect in seconds) as JSON; docs/tools.md ("MCP")
+Prints medians in milliseconds (connect in seconds) as JSON; docs/guide/tools.md ("MCP")
 quotes it.
 """
 

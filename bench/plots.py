@@ -1,4 +1,4 @@
-"""Pictures of the benchmark results (docs/benchmarks.md):
+"""Pictures of the benchmark results (docs/results/benchmarks.md):
 
 - tokens/s vs generation batch size, measured against the roofline (bench/roofline.py);
 - the GRPO step's time split, ponder vs TRL, per workload (bench/grpo_vs_trl.py).

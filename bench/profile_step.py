@@ -1,4 +1,4 @@
-"""Where ponder's GRPO bench step spends its time and memory (docs/benchmarks.md, Profile).
+"""Where ponder's GRPO bench step spends its time and memory (docs/results/benchmarks.md, Profile).
 
 Runs ponder's side of `bench/grpo_vs_trl.py` alone on the single-turn workload (the
 same trainer and settings) for a warm-up step and `--steps` measured ones, and reports:

@@ -8,7 +8,7 @@ search lock was removed, every small request waited for the whole large one.
     python bench/retrieval_server_load.py [--docs 50000] [--large 3000] [--rounds 3]
         [--server-arg=--max-queries=5000 ...] [--out FILE]
 
-Prints p50/p99 in milliseconds as JSON; docs/results-safety.md quotes it.
+Prints p50/p99 in milliseconds as JSON; docs/results/safety.md quotes it.
 """
 
 from __future__ import annotations

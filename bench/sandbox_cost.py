@@ -4,7 +4,7 @@ against `SandboxPool.run` (a warm jail, one fork per call), for `print(1)`.
     python bench/sandbox_cost.py [--calls 20] [--out runs/bench/sandbox_cost.json]
 
 Reports the median and the spread (min, max) of the wall-clock time of each call, as
-seen by the caller; docs/results-safety.md quotes it.
+seen by the caller; docs/results/safety.md quotes it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What ponder's thread choice costs beside a competing load: batch-1 decode calls with
 the count chosen by load (`ponder.models.cpu_threads`, torch at 2 threads) and with
 one thread forced, alternating, --pause seconds apart, beside N busy processes (a
-session of their own, as in bench/vllm_vs_ponder.py --load). docs/benchmarks.md,
+session of their own, as in bench/vllm_vs_ponder.py --load). docs/results/benchmarks.md,
 "Under contention, profiled".
 
     .venv/bin/python bench/thread_choice.py --load 2 --calls 6

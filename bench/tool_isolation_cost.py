@@ -5,7 +5,7 @@ loaded model (fork copies the page tables of everything this process holds).
     python bench/tool_isolation_cost.py [--calls 50] [--model smollm2-135m] [--out FILE]
 
 Prints the median and the spread (min, max) of each, in milliseconds, as JSON;
-docs/results-safety.md quotes it.
+docs/results/safety.md quotes it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Time of a training pass (forward and backward through the LoRA policy, the RL
 update's and SFT's unit of work) at a thread count, idle and beside a competing
-load (docs/benchmarks.md, "The update under contention").
+load (docs/results/benchmarks.md, "The update under contention").
 
     .venv/bin/python bench/update_threads.py                 # idle machine
     .venv/bin/python bench/update_threads.py --load 2        # then beside 2 busy processes

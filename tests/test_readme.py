@@ -169,7 +169,7 @@ def test_every_check_is_a_readme_command():
 def test_readme_commands_run_as_written(chain, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # recipes resolve from any directory
     (tmp_path / "docs").mkdir()  # the RAG command's ./docs: two of ponder's documents and an image
-    for name in ("agents.md", "tools.md", "img/demo-reward.png"):
+    for name in ("guide/agents.md", "guide/tools.md", "results/img/demo-reward.png"):
         (tmp_path / "docs" / Path(name).name).symlink_to(ROOT / "docs" / name)
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # its README line runs from the repository root
     if chain == "demo":  # `make demo` first: the chain's later commands reuse its warm-up

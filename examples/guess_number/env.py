@@ -5,7 +5,7 @@ The agent guesses a secret number; after each `<guess>N</guess>` the game answer
 finding the number pays 1. The reference solver (binary search) is the ceiling and
 gives the SFT demonstrations. Nothing here is part of ponder: the recipe names this
 file's builder by import path (`env.kind: examples.guess_number.env:build`), which
-is all a user's own environment needs. See docs/envs.md.
+is all a user's own environment needs. See docs/guide/environments.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The length-biased-judge table of docs/results-improve.md: held-out episodes of a
+"""The length-biased-judge table of docs/results/improve.md: held-out episodes of a
 math policy paid by `verbosity`, read by the verifier and the hacking detectors.
 
 python examples/hacking/table.py BEFORE AFTER [AFTER ...]

@@ -1,4 +1,4 @@
-"""The out-of-distribution table for one math policy (docs/results-improve.md).
+"""The out-of-distribution table for one math policy (docs/results/improve.md).
 
 python examples/math_ood/table.py PLAIN VARIANT_EVAL [VARIANT_EVAL ...]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Evaluate the three source runs and every merge of them on each task's held-out
-# evaluation (docs/results-personal.md, "Model merging"). Greedy decoding, one episode
+# evaluation (docs/results/personal.md, "Model merging"). Greedy decoding, one episode
 # per task (ponder eval's default), each source's own recipe and eval seed, EPISODES
 # held-out tasks per task. Usage, from the repo root:
 #   EPISODES=64 examples/merge/evaluate.sh [METHOD ...]   (default: sources + all methods)

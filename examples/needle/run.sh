@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Needle-in-a-haystack runs for docs/results-personal.md, "Long context", on the
+# Needle-in-a-haystack runs for docs/results/personal.md, "Long context", on the
 # embedded model (trained context 8192 tokens). The slice measured on a shared 2-core
 # CPU; FULL=1 runs the full grid the issue asks for (1x, 2x, 4x the trained length,
 # five depths, every RoPE method at factor 4, before and after a 20-step fine-tune at
