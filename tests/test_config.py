@@ -265,3 +265,56 @@ def test_pipeline_ranges_are_checked_too():
 
     with pytest.raises(ConfigError, match=re.escape("key 'selection.target_size' must be >= 0, got -1")):
         load_recipe(None, ["selection.target_size=-1"], cls=PipelineRecipe)
+
+
+def test_duplicate_key_names_the_file_the_line_and_the_key(tmp_path):
+    path = write(tmp_path, "rollout:\n  batch_size: 4\n  group_size: 2\n  batch_size: 8\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    assert str(info.value) == f"{path}:4: duplicate key 'batch_size' (first at line 2)"
+
+
+def test_duplicate_section_is_refused_even_when_the_first_is_empty(tmp_path):
+    # recipes/code.yaml had `model:` twice, the first empty: PyYAML kept the last, silently
+    path = write(tmp_path, "# header\nmodel:\n# the header again\nenv:\n  max_turns: 2\nmodel:\n  name: tiny\n")
+    with pytest.raises(ConfigError, match=r"recipe\.yaml:6: duplicate key 'model' \(first at line 2\)$"):
+        load_recipe(path)
+
+
+def test_duplicate_key_in_an_override_value_is_refused():
+    with pytest.raises(ConfigError, match=r"duplicate key 'a'"):
+        load_recipe(None, ["env.options={a: 1, b: 2, a: 3}"])
+
+
+def test_a_merge_key_may_be_set_again(tmp_path):
+    text = "env:\n  options:\n    base: &b {x: 1, y: 2}\n    derived:\n      <<: *b\n      x: 3\n"
+    options = load_recipe(write(tmp_path, text)).env.options
+    assert options["derived"] == {"x": 3, "y": 2}
+
+
+def test_same_key_in_two_mappings_is_no_duplicate(tmp_path):
+    recipe = load_recipe(write(tmp_path, "rollout:\n  seed: 1\ntrain:\n  seed: 2\n"))
+    assert (recipe.rollout.seed, recipe.train.seed) == (1, 2)
+
+
+def test_duplicate_key_is_one_line_and_exit_code_2_from_the_cli(tmp_path, capsys):
+    from ponder.cli import main
+
+    path = write(tmp_path, "model:\n  name: tiny\n  name: tiny\n")
+    code = main(["eval", "--recipe", str(path), "--out", str(tmp_path / "never")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"ponder eval: error: {path}:3: duplicate key 'name' (first at line 2)"]
+    assert not (tmp_path / "never").exists()
+
+
+def test_unknown_key_is_one_line_listing_every_valid_key_of_its_section(tmp_path):
+    path = write(tmp_path, "optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == (
+        f"{path}: unknown key 'optim.learning_rate' "
+        "(valid: lr, max_grad_norm, schedule, warmup_steps, weight_decay)"
+    )

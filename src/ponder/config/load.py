@@ -1,7 +1,7 @@
-"""Recipes from YAML: parse (depth-bounded, YAML 1.2 floats), apply `a.b.c=value`
-overrides, build the dataclasses of ponder.config.sections rejecting unknown keys and
-wrong types, then check value ranges. Every error is a one-line ConfigError naming the
-file and the dotted key.
+"""Recipes from YAML: parse (depth-bounded, YAML 1.2 floats, duplicate keys refused),
+apply `a.b.c=value` overrides, build the dataclasses of ponder.config.sections rejecting
+unknown keys and wrong types, then check value ranges. Every error is a one-line
+ConfigError naming the file and the dotted key (and, for a duplicate key, the line).
 """
 
 from __future__ import annotations
@@ -17,8 +17,32 @@ import yaml
 
 from ponder.config.sections import Recipe
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping names one key twice (PyYAML would silently keep the last value)."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads YAML 1.2 floats such as `1e-3` (YAML 1.1 reads them as text)."""
+    """SafeLoader that reads YAML 1.2 floats such as `1e-3` (YAML 1.1 reads them as text)
+    and refuses a mapping that names one key twice (DuplicateKeyError)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges; a merged key that is set again is an override
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKeyError(key, line, seen[key])
+            except TypeError:  # an unhashable key: SafeLoader refuses it below
+                continue
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -149,6 +173,8 @@ def _parse_yaml(text: str, where: str) -> Any:
         return yaml.load(text, Loader=_Loader)
     except ConfigError:
         raise
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{where}:{err.line}: duplicate key '{err.key}' (first at line {err.first})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from err
     except RecursionError:

@@ -81,7 +81,7 @@ class SamplingConfig:
     dtype: the precision the sampling copy computes in: `model` (the default: the
         model's own, bf16 on a GPU), `float32`, `bfloat16`, or `auto`: bfloat16 for a
         float32 model on a CPU with bf16 instructions (AVX-512 BF16 or AMX; ~1.4x the
-        fp32 decode's tokens/s, docs/benchmarks.md), else the model's. When it
+        fp32 decode's tokens/s, docs/results/benchmarks.md), else the model's. When it
         differs from the trainer's precision the trainer takes the old log-probs
         from its own forward and corrects with a truncated importance weight
         (`algo.tis_cap`), as for vLLM; the gap is logged as rollout/logprob_mismatch.
@@ -108,11 +108,11 @@ class RolloutConfig:
     seed: sampling seed.
     sampling: see SamplingConfig.
     backend: `hf` (ponder's CPU decoder or transformers, in this process) or `vllm`
-        (a vLLM server reached over HTTP, token ids in and out; docs/vllm.md).
+        (a vLLM server reached over HTTP, token ids in and out; docs/results/vllm.md).
     vllm_weight_sync: how a LoRA policy's new weights reach the vLLM server after
         an update: `merged` (the adapter merged into the base weights, reloaded into
         the server in place: no LoRA kernels; on vLLM-CPU, whose LoRA kernels gather
-        a copy of the adapter per token, generation ~5x faster, docs/vllm.md) or
+        a copy of the adapter per token, generation ~5x faster, docs/results/vllm.md) or
         `adapter` (saved in PEFT's layout and loaded under a new name: no full
         checkpoint written per update, for large models on a GPU). Full fine-tuning
         always reloads its weights in place. In-place reloads use vLLM's
@@ -199,7 +199,7 @@ class EnvConfig:
         tools of the same name (math's `calculator`, search-QA's `search`), each
         `{name, command: [words]}` (stdio) or `{name, url}` (streamable HTTP), plus
         optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd` (see
-        ponder.tools.mcp.client.McpServerSpec; docs/tools.md, "MCP").
+        ponder.tools.mcp.client.McpServerSpec; docs/guide/tools.md, "MCP").
     corpus, tasks, max_turns, max_obs_tokens, max_invalid_actions and taskgen
     configure search-QA.
     corpus: JSONL file of {"id", "contents"}; empty = the synthetic corpus.
