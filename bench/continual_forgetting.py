@@ -5,7 +5,7 @@ Families are the search-QA task kinds, trained in the order single_hop → multi
 → in_prompt: the last one teaches "answer from the prompt, do not search", which
 conflicts with what the first taught. Each family's data are oracle demonstrations
 replayed through the real environment (train split), scored on held-out tasks
-(eval split) by teacher-forced turn accuracy (ponder.train.sequence).
+(eval split) by teacher-forced turn accuracy (ponder.jobs.sequence).
 
     OMP_NUM_THREADS=1 nice -n 19 .venv/bin/python bench/continual_forgetting.py --out runs/continual
 """
@@ -31,7 +31,7 @@ from ponder.fileio import write_text_atomic
 from ponder.models import apply_lora, load_policy
 from ponder.tools.retrieval import build_retriever
 from ponder.train.dpo import trajectory_example
-from ponder.train.sequence import Family, train_sequence
+from ponder.jobs.sequence import Family, train_sequence
 from ponder.train.sft import build_demonstrations
 
 ORDER = ("single_hop", "multi_hop", "in_prompt")

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from bench.common import LOSS_TYPES, BenchConfig, emit
+from ponder.jobs.parts import rl_trainer
 
 TOLERANCE = 1e-5
 PROMPT_LENGTHS = (6, 10)  # two groups
@@ -190,7 +191,6 @@ def gradient_distance(grads: dict[str, torch.Tensor], reference: dict[str, torch
 def _ponder_trainer(cfg: BenchConfig, aggregation: str | None, dtype: str) -> tuple[Any, Any]:
     from bench.ponder_side import bench_recipe
     from ponder.models import load_policy
-    from ponder.train.rl import RLTrainer
 
     recipe = bench_recipe(cfg, max(PROMPT_LENGTHS), tempfile.mkdtemp(prefix="ponder-gate-"))
     if aggregation is not None:
@@ -198,7 +198,7 @@ def _ponder_trainer(cfg: BenchConfig, aggregation: str | None, dtype: str) -> tu
     policy = load_policy(cfg.model, "float32", "cpu")
     policy.model.to(getattr(torch, dtype))  # float64: the same math with rounding out of the way
     trl_base = copy.deepcopy(policy.model)  # TRL wraps its own copy of the untouched base
-    trainer = RLTrainer.from_recipe(recipe, recipe.train.out, policy=policy)
+    trainer = rl_trainer(recipe, recipe.train.out, policy=policy)
     generator = torch.Generator().manual_seed(cfg.seed + 1)
     with torch.no_grad():
         for name, parameter in trainer.policy.model.named_parameters():

@@ -87,8 +87,9 @@ class PonderSide:
     """Builds the trainer once; `step()` runs one measured GRPO step."""
 
     def __init__(self, cfg: BenchConfig) -> None:
-        from ponder.train.rl import RLTrainer, prepare_policy
-        from ponder.wiring import build_backend
+        from ponder.train.rl import RLTrainer
+        from ponder.models.prepare import prepare_policy
+        from ponder.rollout.build import build_backend
 
         self.cfg = cfg
         policy = load_policy(cfg.model, cfg.dtype, cfg.device)

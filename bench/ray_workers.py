@@ -30,9 +30,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from ponder.jobs.parts import rl_trainer
 from ponder.config import load_recipe  # noqa: E402
-from ponder.train.distributed import RayRollouts, connect  # noqa: E402
-from ponder.train.rl import RLTrainer  # noqa: E402
+from ponder.train.ray.rollouts import RayRollouts, connect  # noqa: E402
 
 RECIPE = [
     "train.tasks_per_step=4",
@@ -63,7 +63,7 @@ def run_config(model: str, workers: int, overlap: bool, steps: int, out: Path) -
     steps' timings (with overlap, a step's rollout time is the wait for its episodes)."""
     recipe = load_recipe(None, [f"model.name={model}", f"train.steps={steps + 2}", *RECIPE,
                                 f"train.async_rollouts={str(overlap).lower()}"])  # fmt: skip
-    trainer = RLTrainer.from_recipe(recipe, out)
+    trainer = rl_trainer(recipe, out)
     rollouts = RayRollouts(recipe, trainer.policy, workers=workers) if workers else None
     if rollouts is not None:
         trainer.use_rollouts(rollouts)

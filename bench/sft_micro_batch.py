@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ponder.config import load_recipe  # noqa: E402
 from ponder.models.forward import forward_policy  # noqa: E402
 from ponder.train.batch import collate  # noqa: E402
-from ponder.train.rl import prepare_policy  # noqa: E402
-from ponder.train.sft import recipe_demonstrations  # noqa: E402
+from ponder.models.prepare import prepare_policy  # noqa: E402
+from ponder.jobs.parts import recipe_demonstrations  # noqa: E402
 
 SIZES = (1, 2, 4)
 

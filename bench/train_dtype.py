@@ -26,8 +26,8 @@ import torch  # noqa: E402
 
 from bench.sft_micro_batch import step_seconds  # noqa: E402
 from ponder.config import load_recipe  # noqa: E402
-from ponder.train.rl import prepare_policy  # noqa: E402
-from ponder.train.sft import recipe_demonstrations  # noqa: E402
+from ponder.models.prepare import prepare_policy  # noqa: E402
+from ponder.jobs.parts import recipe_demonstrations  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 

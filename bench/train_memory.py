@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from ponder.config import load_recipe  # noqa: E402
 from ponder.models.forward import forward_policy  # noqa: E402
-from ponder.train.rl import prepare_policy  # noqa: E402
+from ponder.models.prepare import prepare_policy  # noqa: E402
 
 
 def rss_gb() -> float:

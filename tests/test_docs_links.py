@@ -51,7 +51,7 @@ def test_relative_links_resolve(page):
             broken.append(f"{target}: no such file")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{target}: no heading '#{anchor}' in {file.relative_to(ROOT)}")
-    assert broken == [], f"{page.relative_to(ROOT)}: broken links"
+    assert not broken, f"{page.relative_to(ROOT)}: broken links:\n" + "\n".join(broken)
 
 
 def test_the_link_checker_sees_a_broken_link(tmp_path):
@@ -65,4 +65,4 @@ def test_the_guide_has_no_dates_run_directories_or_issue_numbers():
     lab_notes = re.compile(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]|runs/s[0-9]+|[Ii]ssue [0-9]+")
     found = [f"{page.name}:{n}: {line.strip()}" for page in sorted((ROOT / "docs" / "guide").glob("*.md"))
              for n, line in enumerate(page.read_text().splitlines(), 1) if lab_notes.search(line)]
-    assert found == []
+    assert not found, "\n".join(found)

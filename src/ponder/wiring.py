@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ponder.config import Recipe, SamplingConfig
+from ponder.config import Recipe
 from ponder.envs.base import EnvContext, EnvSpec, load_tasks_from, resolve_env
 from ponder.models import Policy
 from ponder.rewards import CompositeReward
-from ponder.rollout import HFBackend
 
 
 def build_env(recipe: Recipe, tokenizer: Any = None) -> EnvSpec:
@@ -131,24 +130,6 @@ def sft_tasks(recipe: Recipe, spec: EnvSpec, held: set[str] = frozenset()) -> li
         taken[task.kind] = taken.get(task.kind, 0) + 1
         tasks.append(task)
     return tasks[: recipe.sft.examples]
-
-
-BACKENDS = ("hf", "vllm")
-
-
-def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | None = None, seed: int | None = None) -> Any:
-    """The generation backend for `policy`, by rollout.backend: `hf` (ponder's CPU
-    decoder or transformers) or `vllm` (a vLLM server; rollout/vllm.py)."""
-    sampling = sampling or recipe.rollout.sampling
-    seed = recipe.train.seed if seed is None else seed
-    kind = recipe.rollout.backend
-    if kind == "vllm":
-        from ponder.rollout.vllm import VLLMBackend
-
-        return VLLMBackend(policy, recipe.rollout, sampling, seed=seed)
-    if kind != "hf":
-        raise ValueError(f"rollout.backend: unknown '{kind}'; valid: {', '.join(BACKENDS)}")
-    return HFBackend(policy, sampling, seed=seed)
 
 
 def check_parts(recipe: Recipe) -> None:

@@ -5,7 +5,7 @@ import io
 import pytest
 
 from ponder.agent import Agent, BackendPolicy
-from ponder.agent.cli import CHAT_COMMANDS, ChatPrinter, chat_loop, enable_line_editing, stream_reader
+from ponder.agent.console import CHAT_COMMANDS, ChatPrinter, chat_loop, enable_line_editing, stream_reader
 from ponder.rollout.scripted import ScriptedBackend
 
 from .conftest import add, call

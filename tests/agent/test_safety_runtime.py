@@ -4,7 +4,7 @@ guard across a run (and a resume), and `ponder chat`'s y/N confirmation."""
 import io
 
 from ponder.agent import Agent, AgentConfig, AgentState, BackendPolicy
-from ponder.agent.cli import ChatPrinter, chat_loop, confirm_at_prompt, stream_reader
+from ponder.agent.console import ChatPrinter, chat_loop, confirm_at_prompt, stream_reader
 from ponder.agent.prompt import UNTRUSTED_RULE
 from ponder.rollout.scripted import ScriptedBackend
 from ponder.tools import tool

@@ -3,7 +3,7 @@ split by function that never puts a held-out tool into training."""
 
 import json
 
-from ponder.eval.bfcl.data import (
+from ponder.bfcl.data import (
     LabelledQuery, is_test_function, labelled_queries, load_questions, load_tool_corpus, split_by_function,
 )
 

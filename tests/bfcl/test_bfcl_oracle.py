@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from ponder.eval.bench_agent import grouped_metrics
-from ponder.eval.bfcl.adapter import BfclRunConfig, OraclePolicy, oracle_reply, run_category
-from ponder.eval.bfcl.bridge import BfclBridge
-from ponder.eval.bfcl.data import ADAPTER_CATEGORIES, DEFAULT_VENV, find_data_dir, load_questions, load_tool_corpus
+from ponder.bfcl.answers import oracle_reply
+from ponder.eval.bfcl.adapter import BfclRunConfig, OraclePolicy, run_category
+from ponder.bfcl.bridge import BfclBridge
+from ponder.bfcl.data import ADAPTER_CATEGORIES, DEFAULT_VENV, find_data_dir, load_questions, load_tool_corpus
 from ponder.eval.bfcl.suite import to_agent_sample
 
 VENV = Path(__file__).resolve().parents[2] / DEFAULT_VENV

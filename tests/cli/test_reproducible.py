@@ -115,12 +115,12 @@ def test_a_bad_task_file_leaves_no_half_made_run_directory(tmp_path, capsys):
 
 
 def test_an_internal_error_is_one_line_with_the_traceback_in_a_file(tmp_path, capsys, monkeypatch):
-    import ponder.cli
+    import ponder.cli.core
 
     def broken(args):
         raise TypeError("unsupported operand")
 
-    monkeypatch.setattr(ponder.cli, "cmd_plot", broken)
+    monkeypatch.setattr(ponder.cli.core, "cmd_plot", broken)
     monkeypatch.setenv("PONDER_LOG_DIR", str(tmp_path))
     monkeypatch.delenv("PONDER_DEBUG", raising=False)
     assert main(["plot", str(tmp_path)]) == 1

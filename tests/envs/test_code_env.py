@@ -20,6 +20,7 @@ from ponder.rewards.code import action_tag, code_format, hidden_tests_passed
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.types import Trajectory, Turn
 from ponder.wiring import build_env, build_reward
+from ponder.jobs.parts import rl_trainer
 
 EVEN_SUM = "def f(nums):\n    return sum(x for x in nums if x % 2 == 0)\n"
 TESTS = [
@@ -274,15 +275,14 @@ def test_the_shared_sandbox_starts_on_first_use_and_closes():
 
 
 def test_one_rl_step_of_the_tiny_model_on_code(tmp_path):
-    from ponder.train.metrics_log import read_metrics
-    from ponder.train.rl import RLTrainer
+    from ponder.runlog.metrics_log import read_metrics
 
     recipe = load_recipe(None, [
         "model.name=tiny", "env.kind=code", "env.options={n_train: 8, n_eval: 2, seed: 1}",
         "train.steps=1", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
         "rollout.sampling.max_new_tokens_per_turn=8", "lora.r=4", "algo.micro_batch_size=2",
     ])  # fmt: skip
-    trainer = RLTrainer.from_recipe(recipe, tmp_path)
+    trainer = rl_trainer(recipe, tmp_path)
     assert all(task.id.startswith("code-train-") for task in trainer.sampler.tasks)
     trainer.train()
     (record,) = read_metrics(tmp_path)

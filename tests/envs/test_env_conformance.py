@@ -29,7 +29,7 @@ HOSTILE = [
 @pytest.fixture(scope="module", params=KINDS)
 def built(request):
     if request.param == "function_calling":
-        from ponder.eval.bfcl.bridge import bfcl_python
+        from ponder.bfcl.bridge import bfcl_python
 
         if not bfcl_python().exists():
             pytest.skip("BFCL's venv is missing: make bfcl-venv")

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-import ponder.eval.bfcl.data as bfcl_data
+import ponder.bfcl.data as bfcl_data
 from ponder.config import RolloutConfig, SamplingConfig, load_recipe
 from ponder.envs.function_calling import CATEGORIES, FunctionCallingEnv, load_function_calling_tasks, shared_checker
 from ponder.envs.function_calling import REFUSAL, FunctionCallingOptions, argument_probes
-from ponder.eval.bfcl.data import DEFAULT_VENV, BfclDataError
+from ponder.bfcl.data import DEFAULT_VENV, BfclDataError
 from ponder.models import tiny_tokenizer
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine, ScriptedBackend
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer
+from ponder.runlog.metrics_log import read_metrics
 from ponder.types import Task, Trajectory
 from ponder.wiring import build_env, build_reward
+from ponder.jobs.parts import rl_trainer
 
 VENV = str(Path(__file__).resolve().parents[2] / DEFAULT_VENV)
 needs_bfcl = pytest.mark.skipif(not Path(VENV, "bin", "python").exists(),
@@ -285,7 +285,7 @@ def test_one_rl_step_with_the_tiny_model(tmp_path):
         "lora.r=4", "algo.micro_batch_size=2", "train.save_every=1",
         categories=["simple_python", "irrelevance"], n_train=4, n_eval=2,
     )  # fmt: skip
-    RLTrainer.from_recipe(recipe, tmp_path).train()
+    rl_trainer(recipe, tmp_path).train()
     [metrics] = read_metrics(tmp_path)
     assert metrics["reward/bfcl"] == 0.5 and metrics["reward/format"] == 1.0
     assert metrics["reward/mean"] == pytest.approx(0.6)

@@ -27,6 +27,7 @@ from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.tools.builtin import CalculatorError, evaluate_expression
 from ponder.types import Task, ToolCall, Trajectory, Turn
 from ponder.wiring import build_env, build_reward
+from ponder.jobs.parts import rl_trainer
 
 # --- numbers and extraction -------------------------------------------------------------
 
@@ -284,15 +285,14 @@ def test_the_shipped_recipe_builds_the_math_env():
 
 
 def test_one_rl_step_of_the_tiny_model_on_math(tmp_path):
-    from ponder.train.metrics_log import read_metrics
-    from ponder.train.rl import RLTrainer
+    from ponder.runlog.metrics_log import read_metrics
 
     recipe = load_recipe(None, [
         "model.name=tiny", "env.kind=math", "env.options={n_train: 8, n_eval: 2, seed: 1}", "env.max_turns=2",
         "train.steps=1", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
         "rollout.sampling.max_new_tokens_per_turn=8", "lora.r=4", "algo.micro_batch_size=2",
     ])  # fmt: skip
-    trainer = RLTrainer.from_recipe(recipe, tmp_path)
+    trainer = rl_trainer(recipe, tmp_path)
     assert all(task.id.startswith("math-train-") for task in trainer.sampler.tasks)
     trainer.train()
     (record,) = read_metrics(tmp_path)

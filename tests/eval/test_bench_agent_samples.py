@@ -8,7 +8,7 @@ import pytest
 
 from ponder.eval.bench_agent import PARTIAL_SAMPLES, SAMPLES, sample_log
 from ponder.eval.bfcl.adapter import BfclSample
-from ponder.eval.bfcl.data import DEFAULT_VENV
+from ponder.bfcl.data import DEFAULT_VENV
 from ponder.eval.bfcl.suite import _append
 
 VENV = Path(__file__).resolve().parents[2] / DEFAULT_VENV

@@ -28,7 +28,7 @@ from ponder.models import tiny_tokenizer
 from ponder.rewards import CompositeReward, score_trajectories
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.tools.retrieval import build_retriever
-from ponder.train.metrics_log import MetricsLog
+from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.rl_metrics import episode_metrics
 from ponder.types import save_trajectories
 

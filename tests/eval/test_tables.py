@@ -8,7 +8,7 @@ from rich.console import Console
 
 from ponder.eval.gain import StagePair, gain_table, runs_table
 from ponder.eval.report import metrics_table
-from ponder.train.report import demo_table
+from ponder.jobs.demo_table import demo_table
 from ponder.types import Trajectory
 
 KINDS = ("in_prompt", "multi_hop", "single_hop")

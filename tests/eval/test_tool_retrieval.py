@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ponder.eval.bfcl.data import LabelledQuery
+from ponder.bfcl.data import LabelledQuery
 from ponder.eval.tool_retrieval import _split_validation, fusion_sweep, is_validation_function
 from ponder.tools.retrieval import Hit
 from ponder.tools.retrieval.toolindex import FUSION_FILE, Fusion, read_fusion
@@ -25,7 +25,7 @@ def test_validation_split_is_by_function():
 
 
 def test_validation_coin_is_not_the_held_out_coin():
-    from ponder.eval.bfcl.data import is_test_function
+    from ponder.bfcl.data import is_test_function
 
     names = [f"tool{i}" for i in range(400)]
     assert [is_validation_function(n, 0.5, 0) for n in names] != [is_test_function(n, 0.5, 0) for n in names]
@@ -104,7 +104,7 @@ def test_split_fractions_outside_zero_one_are_refused(tmp_path, kwargs, message)
 def _cv_data(n_tools=40):
     """A small training set by hand: tool i answers queries about word i (and pairs of
     neighbours), over a corpus of real ToolSpecs."""
-    from ponder.eval.bfcl.data import ToolCorpus
+    from ponder.bfcl.data import ToolCorpus
     from ponder.eval.tool_retrieval import ToolRetrievalData
     from ponder.tools.retrieval.toolindex import tool_text
     from ponder.types import ToolSpec

@@ -17,9 +17,9 @@ from ponder.eval.gain import (
 from ponder.fileio import dumps_strict
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint
-from ponder.train.demo import load_sft_run, run_demo
-from ponder.train.report import demo_table
-from ponder.train.rl import prepare_policy
+from ponder.jobs.demo import load_sft_run, run_demo
+from ponder.jobs.demo_table import demo_table
+from ponder.models.prepare import prepare_policy
 from ponder.types import Trajectory, load_trajectories
 
 TINY = [

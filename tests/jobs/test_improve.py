@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from ponder.config import ImproveConfig, load_recipe
-from ponder.train.improve import diversity, hinted, keep, pass_rates, run_improve
-from ponder.train.metrics_log import read_metrics
+from ponder.jobs.improve import diversity, hinted, keep, pass_rates, run_improve
+from ponder.runlog.metrics_log import read_metrics
 from ponder.types import Task, Trajectory, Turn
 
 TINY = ["model.name=tiny", "env.kind=math", "env.options.n_train=8", "env.options.n_eval=4",
@@ -34,7 +34,7 @@ def any_output(trajectory, task):
 def with_verifier(name: str, *overrides: str):
     """The tiny recipe with this module's `name` as a zero-weight component and the verifier."""
     recipe = load_recipe(None, TINY + list(overrides))
-    path = f"tests.train.test_improve:{name}"
+    path = f"tests.jobs.test_improve:{name}"
     recipe.reward.terms[path] = 0.0
     recipe.improve.verified = path
     return recipe
@@ -89,7 +89,7 @@ def test_rounds_keep_verified_samples_and_train(tmp_path):
 def test_rounds_figure_shows_each_rounds_numbers(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from ponder.train import plot
+    from ponder.runlog import plot
 
     shown = []
     monkeypatch.setattr(plot, "_save", lambda fig, path: shown.append(fig) or path)
@@ -115,7 +115,7 @@ def test_failed_tasks_are_rationalised_with_the_hint_and_trained_without_it(tmp_
 
 def test_replay_puts_the_hinted_answer_on_the_plain_prompt():
     from ponder.models import tiny_policy
-    from ponder.train.improve import replay
+    from ponder.jobs.improve import replay
     from ponder.wiring import build_env
 
     recipe = load_recipe(None, TINY)

@@ -19,7 +19,7 @@ from ponder.rewards.agent import AgentReward
 from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.tools.retrieval import build_retriever
 from ponder.train.dpo import best_worst_pairs, sample_preferences
-from ponder.train.pipeline import check_pipeline, run_pipeline
+from ponder.jobs.pipeline import check_pipeline, run_pipeline
 
 TINY = [
     "model.name=tiny",

@@ -6,7 +6,7 @@ from ponder.config import ContinualConfig, LoraConfig, SFTTrainerConfig
 from ponder.data import ChatFormatter, Conversation, TokenizedExample
 from ponder.models import apply_lora, tiny_policy
 from ponder.models.loading import Policy
-from ponder.train.sequence import Family, teacher_forced_accuracy, train_sequence, turn_spans
+from ponder.jobs.sequence import Family, teacher_forced_accuracy, train_sequence, turn_spans
 
 
 def test_turn_spans_are_the_runs_of_ones():

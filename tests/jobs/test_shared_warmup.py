@@ -13,8 +13,8 @@ import yaml
 from ponder.cli import main
 from ponder.config import load_recipe, to_dict
 from ponder.models.adapters import saved_weights
-from ponder.train.demo import load_sft_run, run_demo
-from ponder.train.shared_warmup import shared_sft
+from ponder.jobs.demo import load_sft_run, run_demo
+from ponder.jobs.shared_warmup import shared_sft
 
 from .test_demo import TINY as QA
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from ponder.jobs.parts import rl_trainer
 from ponder.models.cpu_threads import (
     WINDOW_S, CpuSnapshot, Decisions, step_threads, others_busy, read_snapshot, threads_for, torch_threads,
 )  # fmt: skip
@@ -201,14 +202,13 @@ def test_training_passes_run_at_the_chosen_count(monkeypatch):
     backward) at the count step_threads chooses, and give torch its own count back."""
     from ponder.config import SFTConfig, load_recipe
     from ponder.train.batch import collate
-    from ponder.train.rl import RLTrainer
     from ponder.train.sft import sft_train
     from ponder.train.update import forward_pass_no_grad, optimise
 
     overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
                  "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
                  "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4"]  # fmt: skip
-    trainer = RLTrainer.from_recipe(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
+    trainer = rl_trainer(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
     seen: list[int] = []

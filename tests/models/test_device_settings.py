@@ -9,7 +9,7 @@ from ponder.models import tiny_policy
 from ponder.models.loading import ModelLoadError, enable_gradient_checkpointing, resolve_dtype
 from ponder.models.forward import forward_policy
 from ponder.train.batch import TokenBatch
-from ponder.train.rl import fresh_trainable
+from ponder.models.prepare import fresh_trainable
 
 
 def test_auto_dtype_is_float32_on_the_cpu_and_bad_names_say_which():
@@ -69,7 +69,7 @@ def test_activation_offload_gives_the_same_loss_and_gradient(trained_lora):
     """What autograd saves goes to host memory and back (save_on_cpu): the same gradient,
     and the recipe's switch reaches the model however the policy was made."""
     from ponder.models.forward import saved_activations
-    from ponder.train.rl import prepare_policy
+    from ponder.models.prepare import prepare_policy
 
     ids = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(1))
     mask = torch.zeros(2, 23)

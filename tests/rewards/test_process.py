@@ -19,6 +19,7 @@ from ponder.rollout import RolloutEngine, ScriptedBackend
 from ponder.train.batch import collate, turn_rewards
 from ponder.types import Task, ToolCall, ToolResult, Trajectory, Turn
 from ponder.wiring import build_env, build_reward
+from ponder.jobs.parts import rl_trainer
 
 # Three turns of "4 packs of 6, had 3, gave 5 away, then doubled" (gold 44):
 #   turn 0: 4 * 6 = 24 (true), 24 + 3 = 27 (true), 27 - 5 = 21 (false); calculator says 22
@@ -144,8 +145,7 @@ def test_prm_separates_true_from_false_work_where_orm_cannot():
 
 
 def test_one_prm_rl_step_of_the_tiny_model_with_turn_advantages(tmp_path):
-    from ponder.train.metrics_log import read_metrics
-    from ponder.train.rl import RLTrainer
+    from ponder.runlog.metrics_log import read_metrics
 
     recipe = load_recipe(None, [
         "model.name=tiny", "env.kind=math", "env.options={n_train: 8, n_eval: 2, seed: 1}", "env.max_turns=2",
@@ -153,7 +153,7 @@ def test_one_prm_rl_step_of_the_tiny_model_with_turn_advantages(tmp_path):
         "rollout.sampling.max_new_tokens_per_turn=8", "lora.r=4", "algo.micro_batch_size=2",
         "algo.advantage=turn", "reward.terms={process: 0.5}",
     ])  # fmt: skip
-    RLTrainer.from_recipe(recipe, tmp_path).train()
+    rl_trainer(recipe, tmp_path).train()
     (record,) = read_metrics(tmp_path)
     assert record["step"] == 1 and "reward/process" in record
     assert record["reward/mean"] == pytest.approx(record["reward/correct"] + 0.1 * record["reward/format"]

@@ -20,7 +20,8 @@ from ponder.rollout import GenerationRequest, RolloutEngine
 from ponder.rollout.vllm import VLLMBackend
 from ponder.rollout.vllm_server import BackendError, VLLMServer
 from ponder.types import Task
-from ponder.wiring import build_backend
+from ponder.rollout.build import build_backend
+from ponder.jobs.parts import rl_trainer
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="vLLM not installed (.venv-vllm missing: make vllm-venv)")
@@ -336,8 +337,7 @@ def test_async_rollouts_sample_the_snapshot_while_the_update_and_another_backend
     episodes were sampled with the weights before update 1."""
     from ponder.config import load_recipe
     from ponder.models import apply_lora, load_policy
-    from ponder.train.metrics_log import read_metrics
-    from ponder.train.rl import RLTrainer
+    from ponder.runlog.metrics_log import read_metrics
 
     from tests.train.test_rl_trainer import TINY, low_id_share
 
@@ -370,7 +370,7 @@ def test_async_rollouts_sample_the_snapshot_while_the_update_and_another_backend
                      "train.async_rollouts=true", "rollout.backend=vllm",
                      f"rollout.vllm_url={backend.server.url}"]
         config = load_recipe(None, small + overrides)
-        RLTrainer.from_recipe(config, tmp_path, reward=low_id_share).train()
+        rl_trainer(config, tmp_path, reward=low_id_share).train()
         records = read_metrics(tmp_path)
         assert [r["policy/staleness"] for r in records] == [0.0, 1.0]
         # step 1 on-policy: vLLM's fp32 kernels against the trainer's; step 2: sampled before update 1

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ponder.train.metrics_log import MetricsLog, read_metrics
+from ponder.runlog.metrics_log import MetricsLog, read_metrics
 
 
 def _write_steps(run_dir, steps, tensorboard=False):

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from matplotlib import pyplot as plt
 
-from ponder.train.metrics_log import MetricsLog
-from ponder.train.metrics_log import read_metrics
-from ponder.train.plot import (
+from ponder.runlog.metrics_log import MetricsLog
+from ponder.runlog.metrics_log import read_metrics
+from ponder.runlog.plot import (
     DPO_PANELS, SFT_PANELS, plot_stages,
     _ema, _eval_records, _merge_by_step, _other_keys, _panel_figure, _reward_figure, _series, _train_records,
     compare_runs, compare_series, plot_run,

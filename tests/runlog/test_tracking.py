@@ -1,4 +1,4 @@
-"""Trackers (ponder.train.tracking) read back from what they wrote: TensorBoard event
+"""Trackers (ponder.runlog.tracking) read back from what they wrote: TensorBoard event
 files through TensorBoard's own EventAccumulator, the offline W&B run through its
 `.wandb` record file; the RL trainer sends its advantages and sampled episodes."""
 
@@ -14,8 +14,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ponder.config import ConfigError, load_recipe
-from ponder.train.metrics_log import MetricsLog, read_metrics
-from ponder.train.tracking import check_trackers, markdown_table
+from ponder.runlog.metrics_log import MetricsLog, read_metrics
+from ponder.runlog.tracking import check_trackers, markdown_table
+from ponder.jobs.parts import rl_trainer
 
 HOSTILE = "<script>alert(1)</script> a | b\nnext line"
 
@@ -110,7 +111,7 @@ def test_unknown_tracker_and_missing_wandb_are_one_line_errors(tmp_path):
         check_trackers(["mlflow"])
     # wandb made unimportable in a fresh interpreter: the error says how to install it
     code = ("import sys; sys.modules['wandb'] = None\n"
-            "from ponder.train.tracking import check_trackers\n"
+            "from ponder.runlog.tracking import check_trackers\n"
             "try:\n    check_trackers(['tensorboard', 'wandb'])\nexcept ValueError as e:\n    print(e)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "tracking.trackers names wandb, which is not installed: pip install wandb"
@@ -130,7 +131,6 @@ def test_markdown_cells_escape_pipes_and_line_breaks():
 
 
 def test_rl_trainer_logs_advantages_and_sampled_episodes_to_tensorboard(tmp_path):
-    from ponder.train.rl import RLTrainer
 
     overrides = [
         "model.name=tiny", "train.steps=2", "train.tasks_per_step=2", "rollout.group_size=2",
@@ -143,7 +143,7 @@ def test_rl_trainer_logs_advantages_and_sampled_episodes_to_tensorboard(tmp_path
     def length_reward(trajectory, task):  # differs between samples: non-zero advantages
         return len(trajectory.response_ids) / 100.0, {"length": len(trajectory.response_ids) / 100.0}
 
-    RLTrainer.from_recipe(load_recipe(None, overrides), tmp_path, reward=length_reward).train()
+    rl_trainer(load_recipe(None, overrides), tmp_path, reward=length_reward).train()
     records = read_metrics(tmp_path)
     accumulator = _accumulator(tmp_path / "tb")
     scalars = accumulator.Scalars("reward/mean")

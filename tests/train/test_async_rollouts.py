@@ -5,10 +5,11 @@ logprobs); off, the trainer is exactly on-policy. Tiny random model."""
 import pytest
 import torch
 
+from ponder.jobs.parts import rl_trainer
 from ponder.config import load_recipe
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer, check_recipe
+from ponder.runlog.metrics_log import read_metrics
+from ponder.train.rl import check_recipe
 
 from tests.train.test_rl_trainer import TINY, low_id_share
 
@@ -18,7 +19,7 @@ STEPS = ["train.steps=2", "env.max_turns=1", "optim.lr=1e-2"]
 def _steps(tmp_path, *overrides):
     """Two train steps by hand: each step's metrics and trajectories."""
     config = load_recipe(None, TINY + STEPS + list(overrides))
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=low_id_share)
+    trainer = rl_trainer(config, tmp_path, reward=low_id_share)
     out = []
     for _ in range(2):
         metrics = trainer.train_step()
@@ -49,7 +50,7 @@ def test_async_samples_the_next_step_with_the_weights_before_the_update(tmp_path
 
 def test_async_run_trains_and_checkpoints_the_sampler_before_the_prefetch(tmp_path):
     config = load_recipe(None, TINY + ["train.steps=3", "env.max_turns=1", "train.async_rollouts=true"])
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=low_id_share)
+    trainer = rl_trainer(config, tmp_path, reward=low_id_share)
     trainer.train()
     records = read_metrics(tmp_path)
     assert [r["policy/staleness"] for r in records] == [0.0, 1.0, 1.0]
@@ -70,6 +71,6 @@ def test_async_needs_a_staleness_bound_of_at_least_one():
 def test_async_in_one_process_refuses_full_fine_tuning_with_the_hf_backend(tmp_path):
     """The hf backend's sampling copy shares the weights full fine-tuning changes in place."""
     config = load_recipe(None, TINY + STEPS + ["train.async_rollouts=true", "lora.enabled=false"])
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=low_id_share)
+    trainer = rl_trainer(config, tmp_path, reward=low_id_share)
     with pytest.raises(ValueError, match=r"needs lora.enabled: .* use rollout.backend=vllm or --ray"):
         trainer.train_step()

@@ -6,10 +6,10 @@ never skipped."""
 import pytest
 import torch
 
+from ponder.jobs.parts import rl_trainer
 import ponder.train.update as update
 from ponder.config import load_recipe
 from ponder.train.batch import collate
-from ponder.train.rl import RLTrainer
 
 OVERRIDES = ["model.name=tiny", "train.tasks_per_step=3", "rollout.group_size=2", "rollout.batch_size=6",
              "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
@@ -18,7 +18,7 @@ OVERRIDES = ["model.name=tiny", "train.tasks_per_step=3", "rollout.group_size=2"
 
 def _updated(idle: list[int], skip: bool, monkeypatch, *overrides: str) -> tuple[list[torch.Tensor], dict]:
     torch.manual_seed(0)
-    trainer = RLTrainer.from_recipe(load_recipe(None, [*OVERRIDES, *overrides]), "unused",
+    trainer = rl_trainer(load_recipe(None, [*OVERRIDES, *overrides]), "unused",
                                     reward=lambda t, task: (1.0, {}))  # fmt: skip
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(3))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
+from ponder.jobs.parts import rl_trainer
 from ponder.config import load_recipe
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer
+from ponder.runlog.metrics_log import read_metrics
 
 MATH_TINY = [
     "model.name=tiny", "env.kind=math", "env.options.n_train=8", "env.options.n_eval=2", "train.steps=2",
@@ -18,7 +18,7 @@ MATH_TINY = [
 
 
 def test_hacking_rates_and_shaping_reach_the_run_metrics(tmp_path):
-    RLTrainer.from_recipe(load_recipe(None, MATH_TINY), tmp_path).train()
+    rl_trainer(load_recipe(None, MATH_TINY), tmp_path).train()
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [1, 2]
     for record in records:

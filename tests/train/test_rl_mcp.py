@@ -14,8 +14,9 @@ import torch
 
 from ponder.config import load_recipe
 from ponder.rollout import ScriptedBackend
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer, prepare_policy
+from ponder.runlog.metrics_log import read_metrics
+from ponder.train.rl import RLTrainer
+from ponder.models.prepare import prepare_policy
 from ponder.wiring import build_env, build_reward, check_parts, train_tasks
 
 

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ponder.jobs.parts import rl_trainer
 from ponder.config import AlgoConfig, ConfigError, load_recipe
 from ponder.envs import build_messages
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer, TrainingError
+from ponder.runlog.metrics_log import read_metrics
+from ponder.train.rl import TrainingError
 from ponder.train.rl_metrics import episode_metrics
 from ponder.types import Trajectory
 
@@ -99,7 +100,7 @@ MARGIN = 0.10
 )
 def test_tiny_model_learns_a_trivial_reward(tmp_path, advantage, loss, steps):
     config = recipe(*OVERFIT, f"algo.advantage={advantage}", f"algo.loss={loss}", f"train.steps={steps}")
-    RLTrainer.from_recipe(config, tmp_path, reward=low_id_share).train()
+    rl_trainer(config, tmp_path, reward=low_id_share).train()
     records = read_metrics(tmp_path)
     rewards = [r["reward/mean"] for r in records]
     assert len(rewards) == steps
@@ -130,7 +131,7 @@ def _one_step(micro_batch_size, aggregation, advantage):
         f"algo.aggregation={aggregation}",
         f"algo.advantage={advantage}",
     )
-    trainer = RLTrainer.from_recipe(config, "unused-run-dir", reward=low_id_share)
+    trainer = rl_trainer(config, "unused-run-dir", reward=low_id_share)
     # Cap prompt + response at the longest prompt of this step + 4: its episodes get 4
     # policy tokens, shorter prompts up to 12, so token_mean and seq_mean_token_mean
     # weigh tokens differently.
@@ -183,7 +184,7 @@ def test_no_grad_passes_do_not_depend_on_their_micro_batch_size(reference):
     from ponder.train.update import forward_pass_no_grad
 
     config = recipe(*ACCUMULATION, "algo.advantage=gae", "algo.kl_coef=0.1")
-    trainer = RLTrainer.from_recipe(config, "unused-run-dir", reward=low_id_share)
+    trainer = rl_trainer(config, "unused-run-dir", reward=low_id_share)
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(config.train.tasks_per_step))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
     assert len({int(m.sum()) for m in batch.attention_mask}) > 1  # rows of different lengths
@@ -219,7 +220,7 @@ def resume_recipe(*overrides):
 def straight_run(tmp_path_factory):
     """Four steps without interruption: the reference for every resume test."""
     run_dir = tmp_path_factory.mktemp("straight")
-    RLTrainer.from_recipe(resume_recipe(), run_dir, reward=low_id_share).train()
+    rl_trainer(resume_recipe(), run_dir, reward=low_id_share).train()
     return run_dir
 
 
@@ -256,9 +257,9 @@ def test_logged_lr_is_the_lr_the_step_trained_with(straight_run):
 
 
 def test_resume_after_a_shorter_run_matches_a_straight_run(tmp_path, straight_run):
-    RLTrainer.from_recipe(resume_recipe("train.steps=2"), tmp_path, reward=low_id_share).train()
+    rl_trainer(resume_recipe("train.steps=2"), tmp_path, reward=low_id_share).train()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
-    trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)
+    trainer = rl_trainer(resume_recipe(), tmp_path, reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     _assert_same_as_straight(tmp_path, straight_run)
@@ -273,12 +274,12 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes(tmp_path, st
             os.kill(os.getpid(), signal.SIGTERM)
         return low_id_share(trajectory, task)
 
-    stopped = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=terminate_during_step_2)
+    stopped = rl_trainer(resume_recipe(), tmp_path, reward=terminate_during_step_2)
     stopped.train()
     assert stopped._watchdog is None  # the run stopped in time: its watchdog is cancelled, never fires later
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
     assert load_checkpoint(latest_checkpoint(tmp_path))["trainer"]["step"] == 2
-    trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)
+    trainer = rl_trainer(resume_recipe(), tmp_path, reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     _assert_same_as_straight(tmp_path, straight_run)
@@ -291,6 +292,7 @@ torch.set_num_threads(1)
 spec = importlib.util.spec_from_file_location("rl_trainer_tests", sys.argv[1])
 tests = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tests)
+from ponder.jobs.parts import rl_trainer
 from ponder.train.rl import RLTrainer
 
 class KilledBeforeStep3Checkpoint(RLTrainer):
@@ -299,7 +301,7 @@ class KilledBeforeStep3Checkpoint(RLTrainer):
             os.kill(os.getpid(), signal.SIGKILL)
         return super().save()
 
-KilledBeforeStep3Checkpoint.from_recipe(tests.resume_recipe(), sys.argv[2], reward=tests.low_id_share).train()
+rl_trainer(tests.resume_recipe(), sys.argv[2], reward=tests.low_id_share, trainer_class=KilledBeforeStep3Checkpoint).train()
 """
 
 
@@ -311,7 +313,7 @@ def test_resume_after_sigkill_between_log_and_checkpoint(tmp_path, straight_run)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]  # step 3 logged, not saved
     assert latest_checkpoint(tmp_path).name == "step-000002"
-    trainer = RLTrainer.from_recipe(resume_recipe(), tmp_path, reward=low_id_share)
+    trainer = rl_trainer(resume_recipe(), tmp_path, reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     _assert_same_as_straight(tmp_path, straight_run)  # step 3 once, with the resumed run's values
@@ -327,7 +329,7 @@ def test_nan_reward_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
         calls.append(1)
         return (float("nan"), {}) if len(calls) > 4 else low_id_share(trajectory, task)
 
-    trainer = RLTrainer.from_recipe(recipe(), tmp_path, reward=nan_after_step_1)
+    trainer = rl_trainer(recipe(), tmp_path, reward=nan_after_step_1)
     with pytest.raises(TrainingError, match="NaN"):
         trainer.train()
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
@@ -336,7 +338,7 @@ def test_nan_reward_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     state = load_checkpoint(path)
     assert state["trainer"]["step"] == 1
     assert all(torch.isfinite(w).all() for w in saved_weights(path).values())
-    assert RLTrainer.from_recipe(recipe(), tmp_path, reward=low_id_share).resume() == 1
+    assert rl_trainer(recipe(), tmp_path, reward=low_id_share).resume() == 1
 
 
 def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
@@ -346,7 +348,7 @@ def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
         calls.append(1)
         return (None, {}) if len(calls) % 2 else low_id_share(trajectory, task)
 
-    RLTrainer.from_recipe(recipe("train.steps=1"), tmp_path, reward=every_other_unscorable).train()
+    rl_trainer(recipe("train.steps=1"), tmp_path, reward=every_other_unscorable).train()
     (record,) = read_metrics(tmp_path)
     assert len(calls) == 4
     assert math.isfinite(record["loss/policy"]) and math.isfinite(record["optim/grad_norm"])
@@ -367,13 +369,13 @@ def test_unscorable_episodes_do_not_trip_the_nan_guard(tmp_path):
 def test_unknown_algorithm_names_list_the_valid_ones(tmp_path, override, message):
     # Checked when the recipe loads or in the constructor, before the model, data or run directory are touched.
     with pytest.raises(ValueError, match=message):
-        RLTrainer.from_recipe(recipe(override, "train.steps=1"), tmp_path / "run", reward=low_id_share)
+        rl_trainer(recipe(override, "train.steps=1"), tmp_path / "run", reward=low_id_share)
     assert not (tmp_path / "run").exists()
 
 
 def test_full_fine_tuning_with_kl_is_refused(tmp_path):
     with pytest.raises(ValueError, match="kl_coef=0 or lora.enabled=true"):
-        RLTrainer.from_recipe(recipe("lora.enabled=false", "algo.kl_coef=0.1"), tmp_path)
+        rl_trainer(recipe("lora.enabled=false", "algo.kl_coef=0.1"), tmp_path)
 
 
 def test_recipe_typo_fails_in_load_recipe_naming_the_key(tmp_path):
@@ -431,7 +433,7 @@ def test_every_algorithm_knob_is_reachable_from_the_recipe():
 
     from ponder.algos import AdvantageConfig, LossConfig
 
-    trainer = RLTrainer.from_recipe(
+    trainer = rl_trainer(
         recipe("algo.clip_c=3.0", "algo.std_eps=0.01", "algo.baseline_momentum=0.5", "algo.whiten_gae=true"),
         "unused-run-dir", reward=low_id_share,
     )  # fmt: skip
@@ -478,7 +480,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, stra
         assert found is not None and found.name < newest.name
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and warning[0].startswith("ponder: warning: ") and found.name in warning[0]
-    assert RLTrainer.from_recipe(resume_recipe(), run, reward=low_id_share).resume() == int(found.name[5:])
+    assert rl_trainer(resume_recipe(), run, reward=low_id_share).resume() == int(found.name[5:])
 
 
 def test_no_intact_checkpoint_refuses_to_resume_instead_of_starting_over(tmp_path, straight_run):
@@ -489,7 +491,7 @@ def test_no_intact_checkpoint_refuses_to_resume_instead_of_starting_over(tmp_pat
     for checkpoint in (run / "checkpoints").glob("step-*"):
         (checkpoint / "adapter_model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="no intact checkpoint to resume from; start again with --overwrite"):
-        RLTrainer.from_recipe(resume_recipe(), run, reward=low_id_share).resume()
+        rl_trainer(resume_recipe(), run, reward=low_id_share).resume()
 
 
 STUCK_RUN = """
@@ -497,14 +499,14 @@ import importlib.util, pathlib, sys, time
 spec = importlib.util.spec_from_file_location("rl_trainer_tests", sys.argv[1])
 tests = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tests)
-from ponder.train.rl import RLTrainer
+from ponder.jobs.parts import rl_trainer
 
 def stuck(trajectory, task):  # a reward that never returns, like a hung verifier
     pathlib.Path(sys.argv[3]).touch()
     while True:
         time.sleep(0.05)
 
-RLTrainer.from_recipe(tests.resume_recipe("train.stop_grace_s=1"), sys.argv[2], reward=stuck).train()
+rl_trainer(tests.resume_recipe("train.stop_grace_s=1"), sys.argv[2], reward=stuck).train()
 """
 
 
@@ -535,7 +537,7 @@ def test_dynamic_sampling_replaces_groups_without_signal(tmp_path):
         return low_id_share(trajectory, task)
 
     config = recipe("algo.group_filter=informative", "algo.max_refills=3", "train.steps=1")
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=constant_for_in_prompt)
+    trainer = rl_trainer(config, tmp_path, reward=constant_for_in_prompt)
     tasks, kept, _, sampled = trainer._sample_groups()
     kinds = {t.id: t.kind for t in tasks}
     assert all(kinds[t.task_id] != "in_prompt" for t in kept)  # only groups with signal
@@ -544,7 +546,7 @@ def test_dynamic_sampling_replaces_groups_without_signal(tmp_path):
     assert sampled["sampling/rollouts"] > 1  # … so the step sampled again
     assert sampled["sampling/kept_groups"] == config.train.tasks_per_step  # until it had enough
     with pytest.raises(ValueError, match="unknown group filter 'dapo'"):
-        RLTrainer.from_recipe(recipe("algo.group_filter=dapo"), tmp_path / "x", reward=low_id_share)
+        rl_trainer(recipe("algo.group_filter=dapo"), tmp_path / "x", reward=low_id_share)
     trainer.train()  # a whole step runs with the filter on
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
 
@@ -554,26 +556,26 @@ def test_curriculum_run_logs_its_shares_and_resumes_bit_identical(tmp_path):
     a run stopped after 2 steps and resumed matches a straight 3-step run."""
     overrides = ("train.curriculum=informative", "train.curriculum_momentum=0.0", "train.steps=3")
     straight = tmp_path / "straight"
-    RLTrainer.from_recipe(resume_recipe(*overrides), straight, reward=low_id_share).train()
+    rl_trainer(resume_recipe(*overrides), straight, reward=low_id_share).train()
     records = read_metrics(straight)
     kinds = sorted({key.split("/")[1] for key in records[0] if key.startswith("curriculum/")})
     assert len(kinds) >= 2
     for record in records:
         assert sum(record[f"curriculum/{kind}/share"] for kind in kinds) == pytest.approx(1.0)
-    RLTrainer.from_recipe(resume_recipe(*overrides, "train.steps=2"), tmp_path / "resumed", reward=low_id_share).train()
-    trainer = RLTrainer.from_recipe(resume_recipe(*overrides), tmp_path / "resumed", reward=low_id_share)
+    rl_trainer(resume_recipe(*overrides, "train.steps=2"), tmp_path / "resumed", reward=low_id_share).train()
+    trainer = rl_trainer(resume_recipe(*overrides), tmp_path / "resumed", reward=low_id_share)
     assert trainer.resume() == 2
     trainer.train()
     expected, got = _comparable(records), _comparable(read_metrics(tmp_path / "resumed"))
     assert got[3] == expected[3]
     with pytest.raises(ValueError, match="unknown curriculum 'hard_first'"):
-        RLTrainer.from_recipe(recipe("train.curriculum=hard_first"), tmp_path / "x", reward=low_id_share)
+        rl_trainer(recipe("train.curriculum=hard_first"), tmp_path / "x", reward=low_id_share)
 
 
 def _warmed_up_trainer(run_dir, *overrides):
     """A trainer whose LoRA weights are not the fresh ones (as after the demo's SFT
     warm-up): every trainable weight moved by seeded noise."""
-    from ponder.train.rl import prepare_policy
+    from ponder.models.prepare import prepare_policy
 
     config = recipe(*ACCUMULATION, "algo.kl_coef=0.1", *overrides)
     policy = prepare_policy(config)
@@ -582,7 +584,7 @@ def _warmed_up_trainer(run_dir, *overrides):
         for param in policy.model.parameters():
             if param.requires_grad:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.05)
-    return RLTrainer.from_recipe(config, run_dir, policy=policy, reward=low_id_share)
+    return rl_trainer(config, run_dir, policy=policy, reward=low_id_share)
 
 
 def _reference_and_policy_logprobs(trainer, batch):
@@ -618,8 +620,8 @@ def test_kl_reference_start_and_base_agree_on_fresh_adapters(tmp_path):
     from ponder.train.batch import collate
 
     config = recipe(*ACCUMULATION, "algo.kl_coef=0.1")
-    start = RLTrainer.from_recipe(config, tmp_path / "s", reward=low_id_share)
-    base = RLTrainer.from_recipe(recipe(*ACCUMULATION, "algo.kl_coef=0.1", "algo.kl_reference=base"),
+    start = rl_trainer(config, tmp_path / "s", reward=low_id_share)
+    base = rl_trainer(recipe(*ACCUMULATION, "algo.kl_coef=0.1", "algo.kl_reference=base"),
                                  tmp_path / "b", reward=low_id_share)  # fmt: skip
     assert start.reference_weights is None  # fresh adapters: the cheaper pass, adapters off
     trajectories, _ = start.engine.run(start.sampler.next_batch(2))
@@ -642,4 +644,4 @@ def test_a_resumed_run_keeps_its_starting_reference(tmp_path):
 
 def test_unknown_kl_reference_is_refused(tmp_path):
     with pytest.raises(ValueError, match="algo.kl_reference: unknown 'sft'; valid: start, base"):
-        RLTrainer.from_recipe(recipe("algo.kl_reference=sft"), tmp_path)
+        rl_trainer(recipe("algo.kl_reference=sft"), tmp_path)

@@ -11,6 +11,7 @@ from ponder.config import load_recipe
 from ponder.models.forward import forward_policy
 from ponder.train.batch import collate
 from ponder.train.rl import RLTrainer, check_recipe
+from ponder.jobs.parts import rl_trainer
 
 OVERRIDES = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
              "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
@@ -19,7 +20,7 @@ OVERRIDES = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2"
 
 def _trainer(*overrides: str) -> RLTrainer:
     torch.manual_seed(0)
-    return RLTrainer.from_recipe(load_recipe(None, [*OVERRIDES, *overrides]), "unused",
+    return rl_trainer(load_recipe(None, [*OVERRIDES, *overrides]), "unused",
                                  reward=lambda t, task: (1.0, {}))  # fmt: skip
 
 

@@ -6,18 +6,18 @@ import math
 
 import pytest
 import torch
+from ponder.jobs.parts import rl_trainer
 
 
 def test_update_weights_each_token_loss_and_recomputes_old_logprobs():
     from ponder.config import load_recipe
     from ponder.train.batch import collate
-    from ponder.train.rl import RLTrainer
     from ponder.train.update import _micro_batch_loss, recompute_old_logprobs
 
     overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
                  "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
                  "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4", "algo.loss=ppo"]  # fmt: skip
-    trainer = RLTrainer.from_recipe(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
+    trainer = rl_trainer(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
     sampled = batch.old_logprobs.clone()
@@ -45,13 +45,12 @@ def test_old_logprobs_from_the_updates_forward_give_the_recomputed_update():
     weights and the logged mismatch of recomputing them first."""
     from ponder.config import load_recipe
     from ponder.train.batch import collate
-    from ponder.train.rl import RLTrainer
     from ponder.train.update import _micro_batch_loss, recompute_old_logprobs, take_old_logprobs_from_forward
 
     overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
                  "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
                  "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4", "algo.loss=ppo"]  # fmt: skip
-    trainer = RLTrainer.from_recipe(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
+    trainer = rl_trainer(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
     batches = [collate(trajectories, trainer.policy.tokenizer.pad_token_id) for _ in range(2)]
     noise = torch.randn(batches[0].loss_mask.shape, generator=torch.Generator().manual_seed(1))
@@ -84,7 +83,6 @@ def test_a_bf16_sampler_is_corrected_from_the_updates_own_forward():
     logs the sampler's gap and the TIS weight, from the update's own forward; with two
     epochs (two passes) the old log-probs are recomputed first."""
     from ponder.config import load_recipe
-    from ponder.train.rl import RLTrainer
 
     base = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
             "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
@@ -93,7 +91,7 @@ def test_a_bf16_sampler_is_corrected_from_the_updates_own_forward():
     rewards = iter([1.0, 0.0] * 100)
     for extra, recomputed in (([], False), (["algo.epochs=2"], True)):
         recipe = load_recipe(None, base + extra)
-        trainer = RLTrainer.from_recipe(recipe, "unused", reward=lambda t, task: (next(rewards), {}))
+        trainer = rl_trainer(recipe, "unused", reward=lambda t, task: (next(rewards), {}))
         metrics = trainer.train_step()
         assert 0 < metrics["rollout/logprob_mismatch"] < 1.0
         assert 0 < metrics["policy/tis_weight"] <= recipe.algo.tis_cap

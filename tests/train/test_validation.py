@@ -11,10 +11,11 @@ from peft import get_peft_model_state_dict
 from ponder.config import load_recipe
 from ponder.models.adapters import find_trained, saved_weights
 from ponder.train.checkpoint import latest_checkpoint
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer, prepare_policy
+from ponder.runlog.metrics_log import read_metrics
+from ponder.models.prepare import prepare_policy
 from ponder.train.validation import BEST_DIR, BestSoFar, recipe_validation, split_validation
 from ponder.types import Task
+from ponder.jobs.parts import rl_trainer
 
 from tests.train.test_rl_trainer import TINY, low_id_share
 
@@ -50,7 +51,7 @@ def test_split_refuses_to_leave_nothing_to_train_on():
 
 
 def test_validation_outside_sft_is_left_out_of_the_warm_up_for_every_rl_seed():
-    from ponder.train.sft import recipe_demonstrations
+    from ponder.jobs.parts import recipe_demonstrations
     from ponder.wiring import build_env, train_tasks
 
     policy = prepare_policy(load_recipe(None, TINY))
@@ -75,7 +76,7 @@ def test_validation_outside_sft_is_left_out_of_the_warm_up_for_every_rl_seed():
 def test_rl_outside_sft_draws_only_what_the_warm_up_did_not_demonstrate():
     import pytest
 
-    from ponder.train.sft import recipe_demonstrations
+    from ponder.jobs.parts import recipe_demonstrations
     from ponder.wiring import build_env, train_tasks
 
     policy = prepare_policy(load_recipe(None, TINY))
@@ -140,7 +141,7 @@ def test_run_ends_on_the_best_validation_weights_and_never_trains_on_them(tmp_pa
         seen.add(task.id)
         return low_id_share(trajectory, task)
 
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=recording)
+    trainer = rl_trainer(config, tmp_path, reward=recording)
     val_ids = {t.id for t in trainer.val_tasks}
     trainer.train()
     records = read_metrics(tmp_path)
@@ -169,7 +170,7 @@ def test_patience_stops_the_run_when_validation_stops_improving(tmp_path):
     def constant(trajectory, task):  # validation never improves on step 0
         return 0.5, {"constant": 0.5}
 
-    RLTrainer.from_recipe(config, tmp_path, reward=constant).train()
+    rl_trainer(config, tmp_path, reward=constant).train()
     records = read_metrics(tmp_path)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[-1]["val/best_step"] == 0.0
@@ -177,7 +178,7 @@ def test_patience_stops_the_run_when_validation_stops_improving(tmp_path):
 
 
 def test_the_step_line_shows_validation_and_the_best_step():
-    from ponder.train.progress import step_summary
+    from ponder.runlog.progress import step_summary
 
     line = step_summary({"reward/mean": 0.25, "val/reward": 0.5, "val/best_step": 5.0})
     assert line.endswith("val +0.500 (best: step 5)")

@@ -1,1 +1,1 @@
-"""BFCL: data, the adapter that runs ponder policies on it, and the bridge to its own checker."""
+"""BFCL, a leaf package: its data, the bridge to its checker (in its own venv) and its answers as calls; imported by ponder.envs and ponder.eval."""

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ponder.eval.bfcl.data import DEFAULT_VENV, BfclDataError, resolve_venv
+from ponder.bfcl.data import DEFAULT_VENV, BfclDataError, resolve_venv
 
 WORKER = Path(__file__).with_name("worker.py")
 

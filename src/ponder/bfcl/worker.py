@@ -24,8 +24,15 @@ import traceback
 
 from bfcl_eval.constants.enums import Language, ReturnFormat
 from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
-from bfcl_eval.model_handler.utils import default_decode_ast_prompting, system_prompt_pre_processing_chat_model
-from bfcl_eval.utils import _func_doc_language_specific_pre_processing, is_empty_output, is_function_calling_format_output
+from bfcl_eval.model_handler.utils import (
+    default_decode_ast_prompting,
+    system_prompt_pre_processing_chat_model,
+)
+from bfcl_eval.utils import (
+    _func_doc_language_specific_pre_processing,
+    is_empty_output,
+    is_function_calling_format_output,
+)
 
 # A prompt-mode model whose names keep their dots (underscore_to_dot False); BFCL's
 # checker only reads that flag from the model's config.

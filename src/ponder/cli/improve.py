@@ -20,8 +20,8 @@ def cmd_improve(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ponder.config import load_recipe
+    from ponder.jobs.improve import check_improve, run_improve
     from ponder.rundir import claim_run_dir, discard_on_error
-    from ponder.train.improve import check_improve, run_improve
     from ponder.wiring import check_parts
 
     recipe = load_recipe(args.recipe, args.overrides)
@@ -72,9 +72,9 @@ def cmd_refine(args: argparse.Namespace) -> int:
     from ponder.eval.refine import refine, refinement_stats
     from ponder.fileio import write_json_atomic
     from ponder.models.adapters import load_adapter_weights
+    from ponder.models.prepare import prepare_policy
     from ponder.rewards.judge import openai_completion
     from ponder.rundir import claim_run_dir
-    from ponder.train.rl import prepare_policy
     from ponder.types import save_trajectories
     from ponder.wiring import check_parts, policy_completion
 

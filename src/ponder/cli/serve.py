@@ -3,7 +3,7 @@
 `register(commands)` adds the command to the `ponder` argument parser; `ponder.cli`
 calls it. Bad flags (a malformed --adapter, a path that holds no adapter, an adapter
 that does not fit the model) raise ValueError before anything listens, which
-`ponder.cli.main` prints as one line with exit code 2.
+`ponder.cli.core` prints as one line with exit code 2.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ DEFAULT_ENCODER_DIR = "runs/tools/encoder"
 
 
 def _data(args: argparse.Namespace) -> Any:
-    from ponder.eval.bfcl.data import find_data_dir
+    from ponder.bfcl.data import find_data_dir
     from ponder.eval.tool_retrieval import prepare_data
 
     data = prepare_data(find_data_dir(args.bfcl_venv), args.test_fraction, args.split_seed,
@@ -94,7 +94,7 @@ def cmd_tools_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_tools_index(args: argparse.Namespace) -> int:
-    from ponder.eval.bfcl.data import find_data_dir, load_tool_corpus
+    from ponder.bfcl.data import find_data_dir, load_tool_corpus
     from ponder.tools.retrieval.toolindex import ToolIndex
 
     corpus = load_tool_corpus(find_data_dir(args.bfcl_venv))
@@ -191,7 +191,7 @@ def register(commands: Any) -> None:
     search.add_argument("--topk", type=int, default=5)
     search.set_defaults(handler=cmd_tools_search)
     register_bench(commands)
-    from ponder.eval.injection.cli import register as register_injection
+    from ponder.cli.injection import register as register_injection
 
     register_injection(commands)  # `bench-injection`
 
@@ -228,7 +228,7 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
 
 
 def register_bench(commands: Any) -> None:
-    from ponder.eval.bfcl.data import ADAPTER_CATEGORIES
+    from ponder.bfcl.data import ADAPTER_CATEGORIES
 
     bench = commands.add_parser("bench-agent", help="run a policy on BFCL's single-turn categories, scored by BFCL's checker")
     bench.add_argument("--suite", default="bfcl", choices=["bfcl"], help="benchmark suite (default bfcl)")

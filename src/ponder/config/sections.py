@@ -522,10 +522,10 @@ class TrainConfig:
         (with a checkpoint); if the step has not finished this many seconds later, it
         stops at once (the last checkpoint resumes). 0 = wait for the step.
     ray_workers: rollout workers (Ray actors, one CPU each) when `ponder train --ray`
-        runs the rollouts; each holds its own policy copy (ponder.train.distributed).
+        runs the rollouts; each holds its own policy copy (ponder.train.ray.rollouts).
     ray_env_workers: environment workers (Ray actors) that host the episodes'
         environments and run their tools, with health checks and restart
-        (ponder.train.env_pool); 0 = the environments run inside the rollout workers.
+        (ponder.train.ray.env_pool); 0 = the environments run inside the rollout workers.
     ray_learner: under --ray, the learner (update, evaluation, checkpoints, metrics)
         runs in a Ray actor, placed on a GPU when the model wants one; the driver
         only orchestrates. false = the learner is the driver process.
@@ -599,7 +599,7 @@ class SFTConfig:
 @dataclass
 class TrackingConfig:
     """Where an RL run's metrics go besides run_dir/metrics.jsonl, the source of truth
-    (plots, reports and resume read only that file; see ponder.train.tracking).
+    (plots, reports and resume read only that file; see ponder.runlog.tracking).
 
     trackers: back-ends, any of `tensorboard` (event files in run_dir/tb: scalars,
         the advantage histogram, sampled episodes as text) and `wandb` (Weights &

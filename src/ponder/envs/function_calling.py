@@ -122,7 +122,7 @@ def plan_line(names: list[str]) -> str:
 def question_task(question: Any, plan: bool = False) -> Task:
     """A Task from a BfclQuestion; the reference solver's action is its first possible
     answer, opened by `plan_line` when `plan`."""
-    from ponder.eval.bfcl.adapter import reference_calls
+    from ponder.bfcl.answers import reference_calls
 
     calls = reference_calls(question)
     action = "\n".join(render_call(name, arguments) for name, arguments in calls) if calls else REFUSAL
@@ -144,7 +144,7 @@ def interleave(groups: list[list[Task]]) -> list[Task]:
 
 def load_function_calling_tasks(options: FunctionCallingOptions) -> tuple[list[Task], list[Task]]:
     """(train, eval) over the chosen categories, each capped per category."""
-    from ponder.eval.bfcl.data import find_data_dir, load_questions
+    from ponder.bfcl.data import find_data_dir, load_questions
 
     data_dir = find_data_dir(options.venv)
     train, held_out = [], []
@@ -178,7 +178,7 @@ def _cut_descriptions(node: Any, limit: int) -> Any:
 def function_specs(functions: list[dict[str, Any]], max_description_chars: int = 0) -> list[Any]:
     """The question's functions as ToolSpecs: BFCL's dialect ("dict", "float") as JSON
     Schema. The checker accepts an integer for a float in Python, so "number" loses nothing."""
-    from ponder.eval.bfcl.data import definition_to_spec
+    from ponder.bfcl.data import definition_to_spec
 
     specs = []
     for definition in functions:
@@ -244,7 +244,7 @@ def argument_probes(arguments: dict[str, Any], reference: dict[str, Any]) -> dic
     kept (left out if it gave none), and so are arguments the reference does not name,
     which BFCL refuses. The checker accepts a probe exactly when the reply got that
     argument right and added nothing it should not."""
-    from ponder.eval.bfcl.adapter import pick_arguments
+    from ponder.bfcl.answers import pick_arguments
 
     accepted = pick_arguments(reference)
     extra = {key: value for key, value in arguments.items() if key not in reference}
@@ -274,7 +274,7 @@ class BfclChecker:
                   "ground_truth": task.metadata.get("ground_truth") or []} for text in texts]  # fmt: skip
         with self._lock:
             if self._bridge is None:
-                from ponder.eval.bfcl.bridge import BfclBridge
+                from ponder.bfcl.bridge import BfclBridge
 
                 self._bridge = BfclBridge(self.venv).__enter__()
                 atexit.register(self.close)
@@ -292,7 +292,7 @@ _CHECKERS: dict[str, BfclChecker] = {}
 
 def shared_checker(venv: str) -> BfclChecker:
     """The process's checker for `venv` (builders run once per stage; the worker once per run)."""
-    from ponder.eval.bfcl.bridge import bfcl_python
+    from ponder.bfcl.bridge import bfcl_python
 
     bfcl_python(venv)  # fail now, in one line, if `make bfcl-venv` was not run
     return _CHECKERS.setdefault(venv, BfclChecker(venv))

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from ponder.config import TaskGenConfig
+from ponder.rewards.search import PLANS
 from ponder.types import Task
 
 KINDS = ("single_hop", "multi_hop", "in_prompt")
@@ -120,9 +121,6 @@ def generate_world(cfg: TaskGenConfig) -> SyntheticWorld:
             lookups = len(task.metadata["hops"]) if task.needs_search else 0
             task.oracle_actions[0] = with_plan(task.oracle_actions[0], lookups)
     return SyntheticWorld(corpus=corpus, train=train, eval=held_out)
-
-
-PLANS = ("No lookup needed.", "One lookup.", "Two lookups.")
 
 
 def with_plan(action: str, lookups: int) -> str:

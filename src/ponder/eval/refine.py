@@ -24,7 +24,8 @@ from ponder.config import Recipe
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine
 from ponder.types import Task, Trajectory
-from ponder.wiring import build_backend, build_env, build_reward
+from ponder.rollout.build import build_backend
+from ponder.wiring import build_env, build_reward
 
 CRITIQUE_PROMPT = (
     "Check this solution to the problem step by step. Name the first wrong step, or say "

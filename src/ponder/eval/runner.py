@@ -13,7 +13,8 @@ from ponder.models import Policy, load_policy
 from ponder.rewards import score_trajectories
 from ponder.rollout import GenerationBackend, RolloutEngine, RolloutStats, ScriptedBackend
 from ponder.types import Task, Trajectory, save_trajectories
-from ponder.wiring import build_backend, build_env, build_reward
+from ponder.rollout.build import build_backend
+from ponder.wiring import build_env, build_reward
 
 
 class EvalInputError(ValueError):

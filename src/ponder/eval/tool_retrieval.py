@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ponder.eval.bfcl.data import (
+from ponder.bfcl.data import (
     LIVE, NON_LIVE, LabelledQuery, ToolCorpus, definition_to_spec, function_coin, is_test_function,
     labelled_queries, load_questions, load_tool_corpus, split_by_function, split_queries,
 )

@@ -14,13 +14,14 @@ from ponder.config import Recipe, load_recipe, save_recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe, summarise
 from ponder.eval.gain import paired_by_task, verdict
 from ponder.fileio import atomic_path, write_json_atomic
+from ponder.jobs.parts import rl_trainer, warm_up
 from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.models.memory import release_memory
+from ponder.models.prepare import prepare_policy
 from ponder.rewards import score_trajectories
-from ponder.train.plot import plot_run, plot_stages
-from ponder.train.progress import item_progress, training_progress
-from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
-from ponder.train.sft import warm_up
+from ponder.runlog.plot import plot_run, plot_stages
+from ponder.runlog.progress import item_progress, training_progress
+from ponder.train.rl import check_recipe
 from ponder.types import load_trajectories, save_trajectories
 from ponder.wiring import build_env, build_reward
 
@@ -251,4 +252,4 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
 
 def _train_rl(recipe: Recipe, run_dir: Path, policy: Any) -> None:
     with training_progress(recipe.train.steps) as on_step:
-        RLTrainer.from_recipe(recipe, run_dir, policy=policy).train(on_step)
+        rl_trainer(recipe, run_dir, policy=policy).train(on_step)

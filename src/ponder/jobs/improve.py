@@ -29,17 +29,18 @@ from ponder.fileio import write_json_atomic
 from ponder.models import Policy
 from ponder.models.adapters import load_adapter_weights, save_trained
 from ponder.models.memory import release_memory
+from ponder.models.prepare import prepare_policy
 from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import action_text, answer_guessing
 from ponder.rewards.math import predicted_answer
 from ponder.rollout import RolloutEngine, ScriptedBackend
-from ponder.train.metrics_log import MetricsLog
-from ponder.train.plot import plot_rounds
-from ponder.train.progress import item_progress
-from ponder.train.rl import prepare_policy
+from ponder.rollout.build import build_backend
+from ponder.runlog.metrics_log import MetricsLog
+from ponder.runlog.plot import plot_rounds
+from ponder.runlog.progress import item_progress
 from ponder.train.sft import sft_train
 from ponder.types import Task, Trajectory
-from ponder.wiring import build_backend, build_env, build_reward, train_tasks
+from ponder.wiring import build_env, build_reward, train_tasks
 
 
 def check_improve(recipe: Recipe) -> None:

@@ -37,14 +37,21 @@ from ponder.data import (
 from ponder.envs.base import EnvSpec, Opening, opening_of
 from ponder.eval.agent_metrics import agent_metrics
 from ponder.fileio import write_json_atomic, write_text_atomic
+from ponder.jobs.parts import rl_trainer
 from ponder.models import Policy, load_policy
+from ponder.models.adapters import load_adapter_weights, save_trained
+from ponder.models.prepare import fresh_trainable
 from ponder.rewards import format_compliance
 from ponder.rewards.agent import AgentReward
-from ponder.models.adapters import load_adapter_weights, save_trained
-from ponder.train.progress import item_progress
-from ponder.train.rl import fresh_trainable
+from ponder.runlog.progress import item_progress
 from ponder.train.continual import EWCState, ReservoirBuffer
-from ponder.train.dpo import DPOTrainer, PreferenceExample, sample_preferences, trajectory_example, with_group_size
+from ponder.train.dpo import (
+    DPOTrainer,
+    PreferenceExample,
+    sample_preferences,
+    trajectory_example,
+    with_group_size,
+)
 from ponder.train.selection import select_coreset
 from ponder.train.sft import build_demonstrations
 from ponder.train.sft_trainer import SFTInputs, SFTTrainer
@@ -407,9 +414,8 @@ def _formatted_pair(formatter: ChatFormatter, row: PreferencePair) -> Preference
 
 def run_rl(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     """The RL trainer (any registered estimator) with the agent reward, resumable."""
-    from ponder.train.rl import RLTrainer
 
-    trainer = RLTrainer.from_recipe(ctx.recipe, stage_dir, policy=policy, reward=ctx.agent_reward())
+    trainer = rl_trainer(ctx.recipe, stage_dir, policy=policy, reward=ctx.agent_reward())
     start = trainer.resume()
     _train_with_progress(trainer, "RL steps", ctx.recipe.train.steps)
     return {"resumed_from": start, "steps": trainer.step}

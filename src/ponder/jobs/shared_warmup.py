@@ -12,7 +12,6 @@ OUT`) can keep each task's gain.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +29,7 @@ def _shared(name: str, section: dict[str, Any]) -> dict[str, Any]:
     """What must agree: everything but the keys a warm-up's reuse lets differ
     (train/demo.py RL_KEYS: the training products' precision; the first recipe's is
     used), which do not change the adapter or the model."""
-    from ponder.train.demo import RL_KEYS
+    from ponder.jobs.demo import RL_KEYS
 
     return {k: v for k, v in section.items() if k not in RL_KEYS.get(name, ())}
 
@@ -62,9 +61,10 @@ def run_shared_warm_up(
 ) -> dict[str, Any]:  # fmt: skip
     """Train the shared adapter into OUT/sft and write OUT/NAME per recipe and
     OUT/warmup.json (the recipes, demonstrations per recipe, the joint settings)."""
-    from ponder.train.demo import copy_warm_up
-    from ponder.train.rl import prepare_policy
-    from ponder.train.sft import recipe_demonstrations, train_and_save
+    from ponder.jobs.demo import copy_warm_up
+    from ponder.jobs.parts import recipe_demonstrations
+    from ponder.models.prepare import prepare_policy
+    from ponder.train.sft import train_and_save
 
     config = shared_sft(recipes, where)
     first = next(iter(recipes.values()))
@@ -89,45 +89,26 @@ def run_shared_warm_up(
     return summary
 
 
-DESCRIPTION = (
-    "One SFT warm-up for several recipes: each recipe's demonstrations (its env and sft section), one "
-    "adapter trained on all of them (the recipes' common sft batch size and lr, for the sum of their "
-    "steps). Writes OUT/sft (the adapter), OUT/warmup.json, and per recipe OUT/NAME (NAME: the recipe "
-    "file's stem) with the adapter and the recipe as run, so RL starts from it with "
-    "`ponder demo --recipe OUT/NAME/recipe.yaml --sft-from OUT/NAME`, and `ponder merge` takes "
-    "`base_model: OUT/sft` to merge what RL changed on each task."
-)
-
-
-def cmd_warmup(args: argparse.Namespace) -> int:
+def warm_up_recipes(paths: list[str], out_dir: str, overwrite: bool) -> int:
+    """`ponder warmup`: the recipe files checked, OUT claimed, the shared warm-up run
+    with progress; returns the exit code."""
     from rich.console import Console
 
     from ponder.rundir import claim_run_dir, discard_on_error
-    from ponder.train.progress import item_progress
+    from ponder.runlog.progress import item_progress
     from ponder.wiring import check_parts
 
-    where = {Path(path).stem: path for path in args.recipe}
-    if len(where) != len(args.recipe) or len(where) < 2:
+    where = {Path(path).stem: path for path in paths}
+    if len(where) != len(paths) or len(where) < 2:
         raise ValueError("--recipe: give two or more recipe files with different names")
     recipes = {name: load_recipe(path) for name, path in where.items()}
     for recipe in recipes.values():
         check_parts(recipe)
     total = shared_sft(recipes, where).steps
-    out = claim_run_dir(args.out, args.overwrite)
+    out = claim_run_dir(out_dir, overwrite)
     console = Console(stderr=True)
     with discard_on_error(out), item_progress("warm-up steps", total) as on_step:
         summary = run_shared_warm_up(recipes, where, out, on_step, say=console.print)
     console.print(f"{total} steps, last loss {summary['last'].get('sft/loss', float('nan')):.3f}; "
                   f"wrote {out / 'sft'} and {', '.join(str(out / n) for n in recipes)}")  # fmt: skip
     return 0
-
-
-def register(commands: Any) -> None:
-    """Add `warmup` to ponder's subcommands."""
-    short = "one SFT warm-up shared by several recipes (for RL, then merging)"
-    warmup = commands.add_parser("warmup", help=short, description=DESCRIPTION)
-    warmup.add_argument("--recipe", action="append", required=True, metavar="YAML",
-                        help="a recipe whose demonstrations join the warm-up; give it once per recipe")
-    warmup.add_argument("--out", default="runs/warmup", help="output directory (default runs/warmup)")
-    warmup.add_argument("--overwrite", action="store_true", help="replace the warm-up already in --out")
-    warmup.set_defaults(handler=cmd_warmup)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from ponder.envs.synthetic import PLANS
 from ponder.rewards.qa import exact_match
 from ponder.types import Task, Trajectory
 
@@ -47,13 +46,15 @@ def search_calls_excess(trajectory: Trajectory, task: Task) -> float | None:
     return max(0.0, search_calls(trajectory, task) - needed)
 
 
+# The lookup counts a planned thought opens with (the search-QA world writes them into
+# its oracle demonstrations under env.taskgen.plan; ponder.envs.synthetic.with_plan).
+PLANS = ("No lookup needed.", "One lookup.", "Two lookups.")
 PLAN_OPENING = re.compile(r"\s*<think>\s*(" + "|".join(re.escape(plan) for plan in PLANS) + ")")
 
 
 def plan_kept(trajectory: Trajectory, task: Task) -> float:
-    """1 when the episode's first thought opens with a lookup count (envs/synthetic.py
-    PLANS: "No lookup needed.", "One lookup.", "Two lookups.") and the episode then made
-    exactly that many searches; 0 with no count or another number of searches.
+    """1 when the episode's first thought opens with a lookup count (PLANS) and the
+    episode then made exactly that many searches; 0 with no count or another number of searches.
 
     It reads only what the policy wrote and did, never what the task needs, so the
     outcome reward still decides which count pays. With a small positive weight the

@@ -1,7 +1,7 @@
 """Per-step training metrics: a crash-safe JSONL file, mirrored to trackers.
 
 `run_dir/metrics.jsonl` is the source of truth (plots, reports and resume read
-it); the trackers (ponder.train.tracking: TensorBoard under `run_dir/tb`, Weights &
+it); the trackers (ponder.runlog.tracking: TensorBoard under `run_dir/tb`, Weights &
 Biases offline under `run_dir/wandb`) are live views of the same numbers, plus
 histograms and tables of sampled episodes, which only they receive.
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ponder.fileio import atomic_path, dumps_strict
-from ponder.train.tracking import TENSORBOARD_DIR, Tracker, build_trackers  # noqa: F401 (TENSORBOARD_DIR: re-exported)
+from ponder.runlog.tracking import TENSORBOARD_DIR, Tracker, build_trackers  # noqa: F401 (TENSORBOARD_DIR: re-exported)
 
 METRICS_FILE = "metrics.jsonl"
 RESERVED_KEYS = ("step", "time")
@@ -39,7 +39,7 @@ class MetricsLog:
     after it (logged by the killed run after its last checkpoint) are removed from
     metrics.jsonl, and TensorBoard is told to hide its events after that step, so
     the resumed run's steps are not shown twice.
-    `trackers`: back-end names (ponder.train.tracking.TRACKERS); None = TensorBoard
+    `trackers`: back-end names (ponder.runlog.tracking.TRACKERS); None = TensorBoard
     when `tensorboard`, else none. `project` and `config`: the wandb run's.
     """
 

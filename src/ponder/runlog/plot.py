@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from ponder.train.metrics_log import METRICS_FILE, RESERVED_KEYS, read_metrics  # noqa: E402
+from ponder.runlog.metrics_log import METRICS_FILE, RESERVED_KEYS, read_metrics  # noqa: E402
 
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"

@@ -1,6 +1,6 @@
 """Experiment trackers: live views of a run's metrics (TensorBoard, Weights & Biases).
 
-`run_dir/metrics.jsonl` (ponder.train.metrics_log) stays the source of truth;
+`run_dir/metrics.jsonl` (ponder.runlog.metrics_log) stays the source of truth;
 plots, reports and resume read it, never a tracker. A tracker receives the same
 scalars, plus what a JSON line holds badly: histograms (the RL step's advantages)
 and tables of sampled episodes. The recipe's `tracking.trackers` chooses them

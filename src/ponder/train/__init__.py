@@ -1,1 +1,1 @@
-"""Training: the RL trainer, SFT warm-up, batches, checkpoints, logging, plots."""
+"""Trainers and their parts: RL (update, batches, sampler, checkpoints, validation), SFT, DPO, data selection, continual learning; Ray actors in train/ray/."""

@@ -16,16 +16,20 @@ from typing import Any
 import torch
 
 from ponder.algos.dpo import (
-    PREFERENCE_LOSSES, PreferenceLossConfig, dpo_loss, sequence_logprobs, with_chosen_nll,
+    PREFERENCE_LOSSES,
+    PreferenceLossConfig,
+    dpo_loss,
+    sequence_logprobs,
+    with_chosen_nll,
 )  # fmt: skip
 from ponder.config import DPOConfig, OptimConfig
 from ponder.data.format import TokenizedExample
 from ponder.models.cpu_threads import cpu_block
-from ponder.models.logprobs import adapters_disabled
 from ponder.models.forward import forward_policy
+from ponder.models.logprobs import adapters_disabled
+from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
-from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.types import Task, Trajectory
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import random
 import signal
 import sys
 import threading
@@ -39,25 +38,29 @@ from ponder.algos import (
 from ponder.algos.curriculum import CURRICULA
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.algos.kl import KL_REFERENCES
-from ponder.config import ModelConfig, Recipe, to_dict
-from ponder.models import Policy, adapters_disabled, apply_lora, load_policy, trainable_snapshot, weights_swapped
+from ponder.config import Recipe, to_dict
+from ponder.models import Policy, adapters_disabled, trainable_snapshot, weights_swapped
+from ponder.models.adapters import load_adapter_weights
 from ponder.models.cpu_matmul import check_matmul_dtype
-from ponder.models.loading import enable_activation_offload, enable_gradient_checkpointing
 from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
-from ponder.rollout import RolloutEngine, RolloutStats
-from ponder.train.batch import TokenBatch, collate
-from ponder.models.adapters import load_adapter_weights
-from ponder.train.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ponder.train.metrics_log import MetricsLog
-from ponder.train.optim import build_optimizer
 from ponder.rewards.hacking import HackingMonitor
+from ponder.rollout import RolloutEngine, RolloutStats
+from ponder.runlog.metrics_log import MetricsLog
+from ponder.runlog.tracking import check_trackers
+from ponder.train.batch import TokenBatch, collate
+from ponder.train.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from ponder.train.optim import NonFiniteError, build_optimizer
 from ponder.train.rl_metrics import episode_metrics, episode_table, hacking_step_metrics
 from ponder.train.sampler import build_sampler
-from ponder.train.tracking import check_trackers
-from ponder.train.sft import BEHAVIOURS, cycled_order, recipe_demonstrations
-from ponder.train.optim import NonFiniteError
+from ponder.train.sft import BEHAVIOURS, cycled_order
 from ponder.train.update import (
     TrainingError,
     UpdateInputs,
@@ -66,47 +69,13 @@ from ponder.train.update import (
     recompute_old_logprobs,
     take_old_logprobs_from_forward,
 )
-from ponder.train.validation import BEST_DIR, BestSoFar, recipe_validation, validate
+from ponder.train.validation import BEST_DIR, BestSoFar, validate
 from ponder.types import Task, Trajectory
-
-
-def prepare_policy(recipe: Recipe, policy: Policy | None = None) -> Policy:
-    """Load the policy and make its trainable part: LoRA adapters (initialised from
-    train.seed, so two runs of a recipe start from the same weights), or every weight."""
-    policy = policy or load_policy(
-        recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
-    )
-    if hasattr(policy.model, "peft_config"):  # already adapted (e.g. by the SFT warm-up)
-        return with_memory_settings(policy, recipe.model)
-    if not recipe.lora.enabled and recipe.algo.kl_coef > 0:
-        raise ValueError("full fine-tuning keeps no reference copy: set algo.kl_coef=0 or lora.enabled=true")
-    torch.manual_seed(recipe.train.seed)
-    return fresh_trainable(policy, recipe)
-
-
-def fresh_trainable(policy: Policy, recipe: Any) -> Policy:
-    """Fresh LoRA adapters on `policy`, or every weight trainable when LoRA is off,
-    with the recipe's memory settings (`with_memory_settings`)."""
-    if recipe.lora.enabled:
-        policy = apply_lora(policy, recipe.lora)
-    else:
-        for parameter in policy.model.parameters():
-            parameter.requires_grad_(True)
-    return with_memory_settings(policy, recipe.model)
-
-
-def with_memory_settings(policy: Policy, model: ModelConfig) -> Policy:
-    """Gradient checkpointing and activation offload, when the model section asks."""
-    if model.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
-    if model.activation_offload:
-        enable_activation_offload(policy)
-    return policy
 
 
 class Rollouts(Protocol):
     """Where a step's episodes come from: `LocalRollouts` (this process's RolloutEngine,
-    the default) or `ponder.train.distributed.RayRollouts` (rollout workers on Ray)."""
+    the default) or `ponder.train.ray.rollouts.RayRollouts` (rollout workers on Ray)."""
 
     def begin_step(self, step: int) -> None:
         """A step starts: the policy's weights may have changed since the last one."""
@@ -165,7 +134,7 @@ class RLTrainer:
     It takes its parts: the policy (trainable), a factory of fresh environments,
     the training tasks, the reward (any callable (trajectory, task) -> (total |
     None, breakdown dict), like CompositeReward), the generation backend, and the
-    recipe's settings. `from_recipe` builds them all from a recipe (ponder.wiring).
+    recipe's settings. `ponder.jobs.parts.rl_trainer` builds them all from a recipe.
     val_tasks: a validation split (never trained on) that chooses the kept weights
     every train.eval_every steps (ponder.train.validation). With algo.sft_coef > 0
     the recipe's SFT demonstrations are built too, and every update imitates
@@ -185,7 +154,7 @@ class RLTrainer:
         self.policy, self.backend, self.reward = policy, backend, reward
         self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
         self.best = BestSoFar(cfg.patience)
-        self.demonstrations = recipe_demonstrations(recipe, policy) if recipe.algo.sft_coef > 0 else []
+        self.demonstrations: list[Trajectory] = []  # algo.sft_coef's anchor (use_demonstrations)
         self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
         self.rollouts: Rollouts = LocalRollouts(self.engine)
         hidden = self.policy.model.config.hidden_size
@@ -212,25 +181,13 @@ class RLTrainer:
         self._pending: tuple[list[Task], Any] | None = None
         self._pending_state: dict[str, Any] = {}
 
-    @classmethod
-    def from_recipe(
-        cls, recipe: Recipe, run_dir: str | Path, policy: Policy | None = None, reward: Callable[..., Any] | None = None
-    ) -> RLTrainer:
-        """Every part from the recipe; `policy` and `reward` replace the recipe's."""
-        from ponder.wiring import build_backend, build_env, build_reward, train_tasks
-
-        check_recipe(recipe)  # fail on a typo before any model or data loads
-        _seed_everything(recipe.train.seed)
-        policy = prepare_policy(recipe, policy)
-        spec = build_env(recipe, policy.tokenizer)
-        reward = reward or build_reward(recipe, spec, policy)
-        backend = build_backend(policy, recipe)
-        tasks, val_tasks = recipe_validation(recipe, train_tasks(recipe, spec))
-        return cls(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)
-
     def use_rollouts(self, rollouts: Rollouts) -> None:
         """Sample episodes from `rollouts` (e.g. RayRollouts) instead of this process."""
         self.rollouts = rollouts
+
+    def use_demonstrations(self, demonstrations: list[Trajectory]) -> None:
+        """The episodes every update imitates under algo.sft_coef (algo.sft_rows a step)."""
+        self.demonstrations = list(demonstrations)
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> Path:
         """Run until train.steps; returns the run directory. SIGINT/SIGTERM stop cleanly
@@ -608,12 +565,6 @@ def check_recipe(recipe: Recipe) -> None:
             f"algo.micro_batch_size must be >= 1 and algo.logprob_micro_batch_size >= 0 (0: same as micro_batch_size), "
             f"got {recipe.algo.micro_batch_size} and {recipe.algo.logprob_micro_batch_size}"
         )
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _stop_now(signum: int, grace: float) -> None:

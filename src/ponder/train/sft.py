@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-
 from ponder.algos import demonstration_nll
 from ponder.config import OptimConfig, Recipe, SFTConfig
 from ponder.models import Policy
@@ -141,39 +140,13 @@ def cycled_order(n: int, length: int, seed: int) -> list[int]:
     return order[:length]
 
 
-def recipe_demonstrations(recipe: Recipe, policy: Policy) -> list[Trajectory]:
-    """The recipe's SFT demonstrations: sft.examples training tasks of sft.task_kinds
-    (less RL's validation split under train.val_outside_sft), replayed with
-    sft.behaviour (and sft.oracle_fraction)."""
-    from ponder.train.validation import recipe_validation
-    from ponder.wiring import build_env, sft_tasks, train_tasks
-
-    spec = build_env(recipe, policy.tokenizer)
-    held = set()
-    if recipe.train.val_outside_sft:
-        held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]}
-    tasks = sft_tasks(recipe, spec, held)
-    return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction)
-
-
-def warm_up(
-    recipe: Recipe, policy: Policy, log_dir: Path, on_step: Callable[[int, dict[str, float]], None] | None = None
-) -> list[dict[str, float]]:
-    """The recipe's SFT stage: demonstrations of sft.task_kinds, then sft_train (logged
-    in log_dir; on_step(step, metrics) after each step too); the trained weights are
-    saved in log_dir (models.adapters)."""
-    demonstrations = recipe_demonstrations(recipe, policy)
-    return train_and_save(policy, demonstrations, recipe.sft, recipe.train.seed, recipe.algo.micro_batch_size,
-                          log_dir, on_step)  # fmt: skip
-
-
 def train_and_save(
     policy: Policy, demonstrations: list[Trajectory], config: SFTConfig, seed: int, micro_batch_size: int,
     log_dir: Path, on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:  # fmt: skip
     """sft_train, its metrics logged in log_dir, the trained weights saved there."""
     from ponder.models.adapters import save_trained
-    from ponder.train.metrics_log import MetricsLog
+    from ponder.runlog.metrics_log import MetricsLog
 
     with MetricsLog(log_dir, tensorboard=False) as log:
 

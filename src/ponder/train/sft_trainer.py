@@ -18,10 +18,10 @@ from ponder.config import OptimConfig, SFTTrainerConfig
 from ponder.data.format import TokenizedExample, pack
 from ponder.models.cpu_threads import cpu_block
 from ponder.models.forward import forward_policy
+from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
 from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
-from ponder.train.metrics_log import MetricsLog
 from ponder.train.optim import build_optimizer, optimizer_step
 
 MAX_GRAD_NORM = 1.0

@@ -92,7 +92,7 @@ def validate(
     """One episode per validation task at eval.temperature (0 = greedy), scored by the
     training reward; returns `val/reward` and each reward component as `val/<name>`."""
     from ponder.eval.metrics import summarise
-    from ponder.wiring import build_backend
+    from ponder.rollout.build import build_backend
 
     sampling = replace(recipe.rollout.sampling, temperature=recipe.eval.temperature)
     batch = recipe.eval.batch_size or recipe.rollout.batch_size

@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-from ponder.train.distributed import RayError, check_address, connect, share_seed, split_tasks
-from ponder.train.rl import RLTrainer
+from ponder.jobs.parts import rl_trainer
+from ponder.train.ray.rollouts import RayError, check_address, connect, share_seed, split_tasks
 
 from tests.train.test_rl_trainer import TINY, low_id_share, recipe
 
@@ -43,10 +43,10 @@ def cluster():
 
 def _step_trajectories(tmp_path, kill: bool):
     """Step 1 of a 2-worker run; with kill, a worker is SIGKILLed while its share runs."""
-    from ponder.train.distributed import RayRollouts
+    from ponder.train.ray.rollouts import RayRollouts
 
     config = recipe(*STEP)
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=low_id_share)
+    trainer = rl_trainer(config, tmp_path, reward=low_id_share)
     with RayRollouts(config, trainer.policy) as rollouts:
         trainer.use_rollouts(rollouts)
         killed = []

@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
+from ponder.jobs.parts import rl_trainer
 from ponder.models import tiny_tokenizer
-from ponder.train.env_pool import EnvWorker
-from ponder.train.rl import RLTrainer
+from ponder.train.ray.env_pool import EnvWorker
 from ponder.wiring import build_env, train_tasks
 
 from tests.train.test_rl_trainer import low_id_share, recipe
@@ -44,7 +44,7 @@ def test_a_replayed_environment_answers_as_the_original():
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ponder.train.distributed import connect
+    from ponder.train.ray.rollouts import connect
 
     assert connect(None, num_cpus=4)  # a fresh local cluster, 127.0.0.1
     yield
@@ -54,10 +54,10 @@ def cluster():
 def _step(tmp_path, env_workers: int, kill: bool):
     """Step 1 of a 2-rollout-worker run; with kill, env worker 0 is SIGKILLed while it
     hosts live episodes."""
-    from ponder.train.distributed import RayRollouts
+    from ponder.train.ray.rollouts import RayRollouts
 
     config = recipe(*STEP, f"train.ray_env_workers={env_workers}")
-    trainer = RLTrainer.from_recipe(config, tmp_path, reward=low_id_share)
+    trainer = rl_trainer(config, tmp_path, reward=low_id_share)
     with RayRollouts(config, trainer.policy) as rollouts:
         trainer.use_rollouts(rollouts)
         killed = []

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
+from ponder.jobs.parts import rl_trainer
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint
-from ponder.train.metrics_log import read_metrics
-from ponder.train.rl import RLTrainer
+from ponder.runlog.metrics_log import read_metrics
 
-from tests.train.test_distributed import CLOCK
+from tests.train.ray.test_distributed import CLOCK
 from tests.train.test_rl_trainer import low_id_share, recipe
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ponder[ray]')")
@@ -24,7 +24,7 @@ RUN = ["train.steps=2", "train.tasks_per_step=2", "train.ray_workers=2"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ponder.train.distributed import connect
+    from ponder.train.ray.rollouts import connect
 
     # The test's reward function travels to the learner actor by value (its module is
     # a test file, which Ray's workers need not be able to import).
@@ -45,16 +45,16 @@ def _comparable(run_dir):
 
 @pytest.mark.slow
 def test_the_learner_actor_trains_exactly_as_the_driver_side_learner(cluster, tmp_path):
-    from ponder.train.distributed import RayRollouts
-    from ponder.train.ray_learner import RayLearner, learner_threads
+    from ponder.train.ray.rollouts import RayRollouts
+    from ponder.train.ray.learner import RayLearner, learner_threads
 
     config = recipe(*RUN)
-    trainer = RLTrainer.from_recipe(config, tmp_path / "driver", reward=low_id_share)
+    trainer = rl_trainer(config, tmp_path / "driver", reward=low_id_share)
     with RayRollouts(config, trainer.policy) as rollouts:
         trainer.use_rollouts(rollouts)
         trainer.train()
     seen = []
-    with RayLearner(config, tmp_path / "actor", reward=low_id_share) as learner:
+    with RayLearner(config, tmp_path / "actor", rl_trainer, reward=low_id_share) as learner:
         assert learner.start == 0 and learner.gpus == 0  # a CPU-only cluster
         assert learner.train(lambda step, metrics: seen.append((step, metrics["reward/mean"]))) == 2
         # Ray starts the actor at one OMP thread (its num_cpus); it computes on every core it may use.

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ponder.agent.policy import ChatPolicy, Completion
-from ponder.eval.bfcl.bridge import BfclBridge
-from ponder.eval.bfcl.data import ADAPTER_CATEGORIES, BfclQuestion, ToolCorpus, load_questions
+from ponder.bfcl.answers import oracle_reply
+from ponder.bfcl.bridge import BfclBridge
+from ponder.bfcl.data import ADAPTER_CATEGORIES, BfclQuestion, ToolCorpus, load_questions
 
 
 @dataclass
@@ -68,61 +69,6 @@ def subset(questions: list[BfclQuestion], n: int, seed: int) -> list[BfclQuestio
         return list(questions)
     keep = set(random.Random(f"{seed}:{questions[0].category}").sample(range(len(questions)), n))
     return [q for i, q in enumerate(questions) if i in keep]
-
-
-def _first_choice(options: Any) -> tuple[bool, Any]:
-    """(present, value): BFCL lists the acceptable values of an argument, "" meaning "may
-    be left out"; the first real value is used (some required arguments list "" first)."""
-    choices = options if isinstance(options, list) else [options]
-    real = [value for value in choices if value != ""]
-    if not real:
-        return False, None
-    return True, _resolve(real[0])
-
-
-def _resolve(value: Any) -> Any:
-    """Nested answers: a dict holds possible values per key, also inside lists."""
-    if isinstance(value, dict):
-        return pick_arguments(value)
-    if isinstance(value, list):
-        return [_resolve(item) if isinstance(item, dict) else item for item in value]
-    return value
-
-
-def pick_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """One acceptable value per argument of a BFCL answer (name → its possible values):
-    the first real one, nested answers resolved; arguments that may be left out and
-    list no real value are left out."""
-    picked = {}
-    for name, options in arguments.items():
-        present, value = _first_choice(options)
-        if present:
-            picked[name] = value
-    return picked
-
-
-def reference_calls(question: BfclQuestion) -> list[tuple[str, dict[str, Any]]]:
-    """The first possible answer as (function name, arguments) pairs; none for questions
-    without answers (irrelevance). Arguments the function does not declare are left out
-    (a few answers list one, optionally)."""
-    declared = {f["name"]: set((f.get("parameters") or {}).get("properties") or {}) for f in question.functions}
-    calls = []
-    for call in question.ground_truth:
-        for name, arguments in call.items():
-            known = declared.get(name)
-            picked = pick_arguments(arguments)
-            calls.append((name, {k: v for k, v in picked.items() if known is None or k in known}))
-    return calls
-
-
-def oracle_reply(question: BfclQuestion) -> str:
-    """A possible answer as a prompt-mode model writes it: `[f(a=1), g(b='x')]`; plain
-    text that calls nothing for questions without answers (irrelevance)."""
-    if not question.ground_truth:
-        return "None of the given functions can answer this question."
-    rendered = [f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
-                for name, arguments in reference_calls(question)]
-    return "[" + ", ".join(rendered) + "]"
 
 
 class OraclePolicy:

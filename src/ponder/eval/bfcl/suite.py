@@ -9,10 +9,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ponder.bfcl.bridge import BfclBridge
+from ponder.bfcl.data import find_data_dir, load_questions, load_tool_corpus
 from ponder.eval.bench_agent import AgentSample
 from ponder.eval.bfcl.adapter import BfclRunConfig, BfclSample, OraclePolicy, run_category
-from ponder.eval.bfcl.bridge import BfclBridge
-from ponder.eval.bfcl.data import find_data_dir, load_questions, load_tool_corpus
 
 
 def to_agent_sample(sample: BfclSample) -> AgentSample:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ponder.types import Trajectory, load_trajectories
 
-METRICS_FILE = "metrics.jsonl"  # ponder.train.metrics_log writes it (eval/ does not import train/)
+METRICS_FILE = "metrics.jsonl"  # ponder.runlog.metrics_log writes it (eval/ does not import train/)
 SKIPPED_DIRS = ("plots", "tb", "wandb", "checkpoints", "best")
 STAGE_ORDER = ("base", "sft", "rl", "oracle")
 # The page embeds every episode of every stage; past this many per stage it keeps the
@@ -106,7 +106,7 @@ def _curves(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 def read_metrics_file(path: Path) -> list[dict[str, Any]]:
     """The complete lines of a metrics.jsonl (a last line cut by a kill is left out);
-    `null` (NaN or ±inf when written) becomes NaN, as in ponder.train.metrics_log."""
+    `null` (NaN or ±inf when written) becomes NaN, as in ponder.runlog.metrics_log."""
     records = []
     for line in path.read_text(encoding="utf-8").split("\n")[:-1]:
         if not line.strip():

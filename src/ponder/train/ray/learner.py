@@ -43,16 +43,16 @@ def learner_threads() -> int:
 
 
 class Learner:
-    """The learner (a Ray actor): an RLTrainer built from the recipe, with its rollouts
+    """The learner (a Ray actor): an RLTrainer built from the recipe by `build`
+    (ponder.jobs.parts.rl_trainer, pickled by reference), with its rollouts
     on Ray workers. `train` runs the loop; `progress` and `request_stop` answer in
     their own concurrency group while it does."""
 
-    def __init__(self, recipe: Recipe, run_dir: str, start_state: Any = None, resume: bool = False,
-                 reward: Callable[..., Any] | None = None) -> None:  # fmt: skip
+    def __init__(self, recipe: Recipe, run_dir: str, build: Callable[..., Any], start_state: Any = None,
+                 resume: bool = False, reward: Callable[..., Any] | None = None) -> None:  # fmt: skip
         import torch
 
-        from ponder.train.distributed import RayRollouts
-        from ponder.train.rl import RLTrainer
+        from ponder.train.ray.rollouts import RayRollouts
 
         # Ray starts an actor with OMP_NUM_THREADS = its num_cpus (1), which held the
         # update to one thread while the rollout workers sat idle (a 2-core local
@@ -60,7 +60,7 @@ class Learner:
         # run, the learner takes the cores it may run on; cpu_block() drops to those
         # the workers leave free when they run beside it (models/cpu_threads.py).
         torch.set_num_threads(learner_threads())
-        self.trainer = RLTrainer.from_recipe(recipe, run_dir, reward=reward)
+        self.trainer = build(recipe, run_dir, reward=reward)
         if start_state is not None:  # the driver's weights after an SFT warm-up
             load_trainable_state(self.trainer.policy.model, start_state)
             self.trainer.backend.refresh()
@@ -99,9 +99,10 @@ class RayLearner:
     """The driver's side: starts the learner actor on the cluster at `address` (None: a
     local one) and runs it. Use as a context manager (or call close())."""
 
-    def __init__(self, recipe: Recipe, run_dir: str | Path, address: str | None = None, start_state: Any = None,
-                 resume: bool = False, reward: Callable[..., Any] | None = None) -> None:  # fmt: skip
-        from ponder.train.distributed import _import_ray, connect
+    def __init__(self, recipe: Recipe, run_dir: str | Path, build: Callable[..., Any], address: str | None = None,
+                 start_state: Any = None, resume: bool = False,
+                 reward: Callable[..., Any] | None = None) -> None:  # fmt: skip
+        from ponder.train.ray.rollouts import _import_ray, connect
 
         self.ray, self.actor = _import_ray(), None
         cfg = recipe.train
@@ -110,7 +111,7 @@ class RayLearner:
             self.gpus = learner_gpus(self.ray, recipe)
             actor = self.ray.remote(num_cpus=1, num_gpus=self.gpus, concurrency_groups={"control": 1})(Learner)
             state = self.ray.put(start_state) if start_state is not None else None
-            self.actor = actor.remote(recipe, str(Path(run_dir).resolve()), state, resume, reward)
+            self.actor = actor.remote(recipe, str(Path(run_dir).resolve()), build, state, resume, reward)
             self.start = self._get(self.actor.start_step.remote())  # built (a bad recipe fails here)
         except BaseException:
             self.close()

@@ -59,13 +59,14 @@ class RayError(ValueError):
 class RolloutWorker:
     """One rollout worker (run as a Ray actor): its own policy, backend and
     environment factory from the recipe; samples with the weights it is sent.
-    With an `env_pool` (ponder.train.env_pool), its episodes' environments live in
+    With an `env_pool` (ponder.train.ray.env_pool), its episodes' environments live in
     the pool's env workers; `index` spreads the workers' episodes over them."""
 
     def __init__(self, recipe: Recipe, env_pool: Any = None, index: int = 0) -> None:
-        from ponder.train.env_pool import EnvPoolClient
-        from ponder.train.rl import prepare_policy
-        from ponder.wiring import build_backend, build_env
+        from ponder.models.prepare import prepare_policy
+        from ponder.rollout.build import build_backend
+        from ponder.train.ray.env_pool import EnvPoolClient
+        from ponder.wiring import build_env
 
         self.policy = prepare_policy(recipe)
         self.policy.model.eval()
@@ -122,7 +123,7 @@ class RayRollouts:
         self.started_cluster = connect(address, count + env_workers)
         self.env_pool: Any = None
         if env_workers > 0:
-            from ponder.train.env_pool import EnvPool
+            from ponder.train.ray.env_pool import EnvPool
 
             tokenizer = self.ray.put(policy.tokenizer)  # the env workers' builders cut observations with it
             self.env_pool = self.ray.remote(num_cpus=0)(EnvPool).remote(recipe, tokenizer, env_workers)

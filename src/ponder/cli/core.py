@@ -10,7 +10,6 @@ PONDER_DEBUG=1 to see the traceback instead.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -39,9 +38,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from ponder.config import load_recipe
     from ponder.eval import evaluate, held_out_recipe, metrics_table, save_result
-    from ponder.train.progress import item_progress
-
     from ponder.rundir import claim_run_dir
+    from ponder.runlog.progress import item_progress
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.model:
@@ -116,109 +114,19 @@ QUICK_DEMO = [
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ponder.config import load_recipe, save_recipe, to_dict
-    from ponder.models.adapters import MANIFEST, load_adapter_weights
-    from ponder.rundir import check_resume_recipe, claim_run_dir, discard_on_error, require_run_dir
-    from ponder.train.progress import item_progress
-    from ponder.train.demo import copy_warm_up, warm_up_weights
-    from ponder.train.rl import RLTrainer, check_recipe, prepare_policy
-    from ponder.train.sft import warm_up
-    from ponder.wiring import check_parts
+    from ponder.jobs.train import TrainOptions, run_train
 
     if args.ray and "=" in args.ray:  # `--ray key=value …`: an override, not an address
         args.overrides, args.ray = [args.ray, *args.overrides], "local"
-    overrides = args.overrides + ([f"model.name={args.model}"] if args.model else [])
-    if args.resume:
-        run_dir = require_run_dir(args.resume, ("checkpoints/latest", "checkpoints", f"sft/{MANIFEST}"),
-                                  "a run with --recipe RECIPE --out DIR")  # fmt: skip
-        recipe = load_recipe(run_dir / "recipe.yaml", overrides)
-        saved = to_dict(load_recipe(run_dir / "recipe.yaml"))  # settings added to ponder since: defaults
-        check_resume_recipe(saved, to_dict(recipe), args.allow_recipe_change)
-        save_recipe(recipe, run_dir / "recipe.yaml")
-    else:
-        recipe = load_recipe(args.recipe, overrides)
-    check_recipe(recipe)
-    check_parts(recipe)  # bad envs, task files and rewards fail before anything is written
-    if args.ray:  # so do a missing Ray and a cluster address that does not answer
-        from ponder.train.distributed import check_address
-
-        check_address(args.ray)
-    if args.sft_from:  # so does a warm-up made with other settings
-        if args.resume:
-            raise ValueError("--sft-from starts a new run; give it with --recipe, not --resume")
-        warm_up_from = warm_up_weights(args.sft_from, recipe)[0]
-    policy = prepare_policy(recipe)  # so do bad model names and paths
-    if not args.resume:
-        run_dir = claim_run_dir(args.out or recipe.train.out, args.overwrite, can_resume=True)
-    with discard_on_error(run_dir, fresh=not args.resume):
-        if not args.resume:
-            save_recipe(recipe, run_dir / "recipe.yaml")
-            if args.sft_from:
-                load_adapter_weights(policy.model, copy_warm_up(warm_up_from, run_dir))
-            elif recipe.sft.steps > 0:
-                with item_progress("SFT steps", recipe.sft.steps) as advance:
-                    warm_up(recipe, policy, run_dir / "sft", advance)
-        elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
-            load_adapter_weights(policy.model, run_dir / "sft")
-        if args.ray and recipe.train.ray_learner:  # the learner is a Ray actor; this process orchestrates
-            learner = _ray_learner(args, recipe, policy, run_dir)
-        else:
-            trainer = RLTrainer.from_recipe(recipe, run_dir, policy=policy)
-    if args.ray and recipe.train.ray_learner:
-        return _train_ray_learner(learner, recipe, run_dir)
-    return _train_here(args, trainer, recipe, run_dir)
-
-
-def _train_here(args: argparse.Namespace, trainer: Any, recipe: Any, run_dir: Any) -> int:
-    """The learner in this process (its rollouts here or, with --ray, on Ray workers)."""
-    from ponder.train.progress import training_progress
-
-    start = trainer.resume() if args.resume else 0
-    with contextlib.ExitStack() as stack:
-        if args.ray:
-            from ponder.train.distributed import RayRollouts
-
-            address = None if args.ray == "local" else args.ray
-            trainer.use_rollouts(stack.enter_context(RayRollouts(recipe, trainer.policy, address)))
-            print(f"ponder train: rollouts on {recipe.train.ray_workers} Ray workers ({address or 'local cluster'})")
-        print(f"ponder train: {recipe.algo.advantage}/{recipe.algo.loss} from step {start} to {recipe.train.steps} in {run_dir}")
-        with training_progress(recipe.train.steps, start) as on_step:
-            trainer.train(on_step)
-    stopped = " (stopped early; resume with --resume)" if trainer.step < recipe.train.steps else ""
-    print(f"ponder train: step {trainer.step}{stopped}; metrics in {run_dir / 'metrics.jsonl'}")
-    return 0
-
-
-def _ray_learner(args: argparse.Namespace, recipe: Any, policy: Any, run_dir: Any) -> Any:
-    """The learner actor of `ponder train --ray` (train.ray_learner), built on the cluster;
-    it starts from the driver's weights when an SFT warm-up made them."""
-    from ponder.models.adapters import trainable_state
-    from ponder.train.ray_learner import RayLearner
-
-    start_state = trainable_state(policy.model) if recipe.sft.steps > 0 or args.sft_from else None
-    address = None if args.ray == "local" else args.ray
-    return RayLearner(recipe, run_dir, address, start_state, resume=bool(args.resume))
-
-
-def _train_ray_learner(learner: Any, recipe: Any, run_dir: Any) -> int:
-    from ponder.train.progress import training_progress
-
-    cfg = recipe.train
-    with learner:
-        where = f"{'a GPU' if learner.gpus else 'a CPU'}; {cfg.ray_workers} rollout workers"
-        envs = f", {cfg.ray_env_workers} env workers" if cfg.ray_env_workers else ""
-        print(f"ponder train: learner on Ray ({where}{envs})")
-        algo = f"{recipe.algo.advantage}/{recipe.algo.loss}"
-        print(f"ponder train: {algo} from step {learner.start} to {cfg.steps} in {run_dir}")
-        with training_progress(cfg.steps, learner.start) as on_step:
-            step = learner.train(on_step)
-    stopped = " (stopped early; resume with --resume)" if step < cfg.steps else ""
-    print(f"ponder train: step {step}{stopped}; metrics in {run_dir / 'metrics.jsonl'}")
-    return 0
+    return run_train(TrainOptions(
+        recipe=args.recipe, resume=args.resume, out=args.out, model=args.model, overwrite=args.overwrite,
+        sft_from=args.sft_from, allow_recipe_change=args.allow_recipe_change, ray=args.ray,
+        overrides=list(args.overrides),
+    ))  # fmt: skip
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from ponder.train.plot import compare_runs, plot_run
+    from ponder.runlog.plot import compare_runs, plot_run
 
     if not args.compare:
         if len(args.run_dirs) != 1 or args.key or args.out:
@@ -260,11 +168,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ponder.config import load_recipe
-    from ponder.train.demo import run_demo
-    from ponder.train.report import demo_table
-    from ponder.wiring import check_parts
-
+    from ponder.jobs.demo import run_demo
+    from ponder.jobs.demo_table import demo_table
     from ponder.rundir import claim_run_dir, discard_on_error
+    from ponder.wiring import check_parts
 
     recipe = load_recipe(args.recipe, (QUICK_DEMO if args.quick else []) + args.overrides)
     check_parts(recipe)  # a bad env, task file or reward fails before the run directory is made
@@ -283,8 +190,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ponder.config import PipelineRecipe, load_recipe
-    from ponder.train.pipeline import check_pipeline, run_pipeline, stage_table_markdown
-
+    from ponder.jobs.pipeline import check_pipeline, run_pipeline, stage_table_markdown
     from ponder.rundir import claim_run_dir, discard_on_error, require_run_dir
 
     recipe = load_recipe(args.recipe, args.overrides, cls=PipelineRecipe)
@@ -596,22 +502,22 @@ def _add_eval_and_retriever_commands(commands: Any) -> None:
 
 def _register_package_commands(commands: Any) -> None:
     """The commands other packages define."""
-    from ponder.agent.cli import register as register_agent_commands
+    from ponder.cli.agent import register as register_agent_commands
 
     register_agent_commands(commands)  # `chat` and `run-agent`
-    from ponder.eval.tools_cli import register as register_tool_commands
+    from ponder.cli.tools import register as register_tool_commands
 
     register_tool_commands(commands)  # `tools` and `bench-agent`
-    from ponder.serve.cli import register as register_serve_command
+    from ponder.cli.serve import register as register_serve_command
 
     register_serve_command(commands)  # `serve`
-    from ponder.train.shared_warmup import register as register_warmup_command
+    from ponder.cli.warmup import register as register_warmup_command
 
     register_warmup_command(commands)  # `warmup`
-    from ponder.train.improve_cli import register as register_improve_command
+    from ponder.cli.improve import register as register_improve_command
 
     register_improve_command(commands)  # `improve`
-    from ponder.personal.cli import register as register_personal_command
+    from ponder.cli.personal import register as register_personal_command
 
     register_personal_command(commands)  # `personal`
 
@@ -695,7 +601,3 @@ def _write_traceback(command: str) -> str:
     with tempfile.NamedTemporaryFile("w", dir=folder, prefix=f"{command}-", suffix=".txt", delete=False) as handle:
         handle.write(traceback.format_exc())
     return handle.name
-
-
-if __name__ == "__main__":
-    sys.exit(main())

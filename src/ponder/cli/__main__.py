@@ -1,0 +1,5 @@
+import sys
+
+from ponder.cli.core import main
+
+sys.exit(main())
