@@ -36,6 +36,7 @@ NEVER = {
     "ponder.wiring": ("ponder.train", "ponder.jobs", "ponder.serve", "ponder.cli"),
     "ponder.serve": ("ponder.jobs", "ponder.cli"),
     "ponder.jobs": ("ponder.cli",),
+    "ponder.api": ("ponder.cli",),
 }
 # Where a rule does not hold, and why (each one named, never a whole package).
 EXCEPTIONS = {

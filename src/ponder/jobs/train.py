@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ponder.config import load_recipe, save_recipe, to_dict
+from ponder.config import Recipe, apply_overrides, from_dict, load_recipe, save_recipe, to_dict
 from ponder.jobs.demo import copy_warm_up, warm_up_weights
 from ponder.jobs.parts import rl_trainer, warm_up
 from ponder.models.adapters import MANIFEST, load_adapter_weights, trainable_state
@@ -23,11 +23,11 @@ from ponder.wiring import check_parts
 
 @dataclass
 class TrainOptions:
-    """What `ponder train` was asked: a recipe (or a run to resume), key=value overrides,
-    the starting model, the run directory, and where to run (ray: None, "local" or an
-    address)."""
+    """What `ponder train` was asked: a recipe file or a loaded Recipe (or a run to
+    resume), key=value overrides, the starting model, the run directory, and where
+    to run (ray: None, "local" or an address)."""
 
-    recipe: str | None = None
+    recipe: str | Recipe | None = None
     resume: str | None = None
     out: str | None = None
     model: str | None = None
@@ -51,6 +51,8 @@ def run_train(args: TrainOptions) -> int:
         saved = to_dict(load_recipe(run_dir / "recipe.yaml"))  # settings added to ponder since: defaults
         check_resume_recipe(saved, to_dict(recipe), args.allow_recipe_change)
         save_recipe(recipe, run_dir / "recipe.yaml")
+    elif isinstance(args.recipe, Recipe):
+        recipe = from_dict(Recipe, apply_overrides(to_dict(args.recipe), overrides))
     else:
         recipe = load_recipe(args.recipe, overrides)
     check_recipe(recipe)
