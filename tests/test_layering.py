@@ -11,8 +11,10 @@ from pathlib import Path
 import ponder
 
 SRC = Path(ponder.__file__).parent
-# Leaf helpers any layer may use: atomic file writes, HTTP retries, import paths.
-LEAVES = ("ponder.fileio", "ponder.httpretry", "ponder.plugins")
+# Leaf helpers any layer may use: atomic file writes, HTTP retries, import paths, and
+# the one name registry (a leaf, so that algos, which may import only types, and the
+# layers above it register the same way).
+LEAVES = ("ponder.fileio", "ponder.httpretry", "ponder.plugins", "ponder.registry")
 TOP = ("ponder.train", "ponder.jobs", "ponder.serve", "ponder.cli", "ponder.wiring")
 # The environment protocol; every other module under ponder.envs is a particular one.
 ENV_PROTOCOL = ("ponder.envs.base",)
@@ -20,8 +22,9 @@ ENV_PROTOCOL = ("ponder.envs.base",)
 ONLY = {
     "ponder.types": ("ponder.types", *LEAVES),
     "ponder.config": ("ponder.config", *LEAVES),
-    "ponder.algos": ("ponder.algos", "ponder.types"),
+    "ponder.algos": ("ponder.algos", "ponder.types", "ponder.registry"),
     "ponder.bfcl": ("ponder.bfcl", "ponder.types", "ponder.tools", *LEAVES),
+    **{leaf: (leaf,) for leaf in LEAVES},  # a leaf imports nothing of ponder
 }
 NEVER = {
     "ponder.tools": TOP,

@@ -405,7 +405,7 @@ def test_outcome_estimators_add_token_rewards_to_the_episode_reward():
 
 
 def test_algos_imports_only_torch_and_types():
-    allowed = ("torch", "ponder.types", "ponder.algos", "__future__", "dataclasses", "typing", "math",
+    allowed = ("torch", "ponder.types", "ponder.algos", "ponder.registry", "__future__", "dataclasses", "typing", "math",
                "collections")
     package = Path(__file__).resolve().parents[2] / "src" / "ponder" / "algos"
     for path in package.glob("*.py"):

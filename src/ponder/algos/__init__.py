@@ -1,6 +1,6 @@
 """RL math as pure functions over tensors with masks, registered by name.
 
-Imports only torch and ponder.types. Trainers look estimators, losses and
+Imports only torch, ponder.types and the leaf ponder.registry. Trainers look estimators, losses and
 aggregations up by the names in their config and never branch on them.
 """
 
@@ -37,8 +37,8 @@ from ponder.algos.losses import (
     tis_weights,
     value_loss,
 )
-from ponder.algos.registry import Registry
 from ponder.algos.utils import masked_mean, masked_sum, masked_var, masked_whiten
+from ponder.registry import Registry
 
 __all__ = [
     "STD_SCOPES",

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ponder.algos.registry import Registry
+from ponder.registry import Registry
 from ponder.algos.utils import masked_sum, masked_whiten
 
 

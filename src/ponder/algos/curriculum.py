@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ponder.algos.registry import Registry
+from ponder.registry import Registry
 
 Curriculum = Callable[[torch.Tensor, float], torch.Tensor]
 CURRICULA: Registry[Curriculum] = Registry("curriculum")

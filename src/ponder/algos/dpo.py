@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ponder.algos.registry import Registry
+from ponder.registry import Registry
 from ponder.algos.utils import masked_mean, masked_sum
 
 PreferenceLoss = Callable[[torch.Tensor, float, float], torch.Tensor]

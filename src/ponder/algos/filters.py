@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ponder.algos.advantages import group_index, group_stats
-from ponder.algos.registry import Registry
+from ponder.registry import Registry
 
 GroupFilter = Callable[[torch.Tensor, list[str]], torch.Tensor]
 GROUP_FILTERS: Registry[GroupFilter] = Registry("group filter")

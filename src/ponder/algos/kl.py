@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ponder.algos.registry import Registry
+from ponder.registry import Registry
 
 KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("kl estimator")
 

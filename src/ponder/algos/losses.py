@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from ponder.algos.kl import kl_estimate
-from ponder.algos.registry import Registry
+from ponder.registry import Registry
 from ponder.algos.utils import masked_mean
 
 #: log-ratios are clamped before exp so one stale token cannot overflow (as verl).
