@@ -150,7 +150,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _add_report_command(commands: Any) -> None:
     report = commands.add_parser(
-        "report", help="one self-contained HTML page of a run: tables, learning curves, episode browser",
+        "report", help="an HTML page of a run: tables, curves, episode browser",
         description="Write one HTML file (no network needed to open it) for a run directory of `ponder demo`, "
         "`train`, `eval` or `pipeline`: the evaluation table per stage, learning curves from its "
         "metrics.jsonl files, and an episode browser that shows each turn's trained and masked tokens, "
@@ -231,7 +231,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _add_export_command(commands: Any) -> None:
     export = commands.add_parser(
-        "export", help="write a run's trained model as a standalone Hugging Face model (--merge) or PEFT adapter"
+        "export", help="a run's model as a Hugging Face model (--merge) or adapter"
     )
     export.add_argument("run_dir", metavar="RUN_DIR", help="a ponder run, stage or checkpoint directory")
     export.add_argument("--out", required=True, help="new directory to write (must not exist or be empty)")
@@ -252,7 +252,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def _add_merge_command(commands: Any) -> None:
     merge = commands.add_parser(
-        "merge", help="merge trained models or adapters (task arithmetic, TIES, DARE) from a YAML file",
+        "merge", help="merge trained runs or adapters: task arithmetic, TIES, DARE",
         description="Merge trained runs into one model, as a mergekit-like YAML file says: merge_method "
         "(linear, task_arithmetic, ties, dare_linear, dare_ties), base_model, models (a list of "
         "{model: RUN_OR_DIR, weight: W}), parameters (density: TIES's kept fraction; drop_rate: DARE's "
@@ -301,7 +301,7 @@ def _print_needle_row(row: dict[str, Any]) -> None:
 
 def _add_needle_command(commands: Any) -> None:
     needle = commands.add_parser(
-        "needle", help="needle-in-a-haystack: find a fact hidden at several depths of a long document",
+        "needle", help="needle-in-a-haystack: a fact hidden deep in a long document",
         description="Hide 'The secret code of <name> is <number>.' at each depth of a synthetic document "
         "of each length, ask for it at the end, and score exact match on the number (greedy). Lengths "
         "like 1x,2x,4x are multiples of the model's trained context (max_position_embeddings). --rope "
@@ -388,7 +388,7 @@ def _add_train_command(commands: Any) -> None:
 
 def _add_plot_and_demo_commands(commands: Any) -> None:
     plot = commands.add_parser(
-        "plot", help="write learning-curve PNGs of a run into RUN_DIR/plots, or overlay runs (--compare)",
+        "plot", help="learning-curve PNGs of a run, or runs overlaid (--compare)",
         description="With one RUN_DIR: every learning-curve figure of the run into RUN_DIR/plots. With "
         "--compare: the metrics named by --key (as in metrics.jsonl, e.g. reward/mean, "
         "kind/multi_hop/searches, val/reward), one panel each, one line per run, into --out; a demo's "
@@ -401,7 +401,7 @@ def _add_plot_and_demo_commands(commands: Any) -> None:
     plot.add_argument("--out", metavar="FILE.png", help="where --compare writes its figure")
     plot.set_defaults(handler=cmd_plot)
 
-    demo = commands.add_parser("demo", help="evaluate, SFT warm-up, evaluate, RL, evaluate: the before/after table")
+    demo = commands.add_parser("demo", help="SFT warm-up, then RL, each evaluated: the before/after table")
     demo.add_argument("--recipe", default="recipes/demo.yaml", help="demo recipe (default: recipes/demo.yaml)")
     demo.add_argument("--quick", action="store_true", help="a small smoke run: " + " ".join(QUICK_DEMO))
     demo.add_argument("--out", help="output directory (default: runs/demo or runs/demo-quick)")
@@ -419,7 +419,7 @@ def _add_plot_and_demo_commands(commands: Any) -> None:
 def _add_gain_command(commands: Any) -> None:
     gain = commands.add_parser(
         "gain",
-        help="reward gain of one demo stage over another on the same held-out tasks, pooled over runs (seeds)",
+        help="paired reward gain of one demo stage over another, over seeds",
         description="The paired reward gain of --after over --before on the runs' held-out tasks. Runs are "
         "pooled by task: each task's before and after rewards are averaged over the runs (a warm-up's "
         "evaluation shared by --sft-from runs counts once), then paired over tasks.",
@@ -447,13 +447,15 @@ def _add_gain_command(commands: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ponder.cli.overview import group_commands
+
     parser = argparse.ArgumentParser(
         prog="ponder",
-        description="Train LLM agents that think, search and call tools, and run them.",
-        epilog="Recipes are YAML files (see recipes/; shipped ones are found from any directory); any key "
-        "can be overridden as key=value anywhere on the line, e.g. rollout.sampling.temperature=0.7. "
-        "Errors print one line; PONDER_DEBUG=1 ponder ... shows the traceback.",
-    )
+        epilog="`ponder COMMAND --help` shows a command's flags and an example. Recipes are YAML files (see "
+        "recipes/; shipped ones are found from any directory); any key can be overridden as key=value "
+        "anywhere on the line, e.g. rollout.sampling.temperature=0.7. Errors print one line; "
+        "PONDER_DEBUG=1 ponder ... shows the traceback.",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_eval_and_retriever_commands(commands)
     _add_mcp_serve_command(commands)
@@ -470,11 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     gen.set_defaults(handler=cmd_gen_tasks)
     _register_package_commands(commands)
+    group_commands(parser, commands, "Train LLM agents that think, search and call tools, and run them.")
     return parser
 
 
 def _add_eval_and_retriever_commands(commands: Any) -> None:
-    run = commands.add_parser("eval", help="evaluate a policy on held-out search-QA tasks; writes Parquet + JSON")
+    run = commands.add_parser("eval", help="evaluate a policy on a recipe's held-out tasks")
     run.add_argument("--recipe", help="YAML recipe (default: built-in defaults)")
     run.add_argument("--model", help=MODEL_HELP)
     run.add_argument("--episodes", type=int, help="number of held-out tasks to run (default eval.episodes)")
@@ -526,7 +529,7 @@ def _add_mcp_serve_command(commands: Any) -> None:
     from ponder.agent.toolbox import BUILTIN_TOOLS
 
     serve = commands.add_parser(
-        "mcp-serve", help="serve ponder's tools to MCP clients (stdio or streamable HTTP)",
+        "mcp-serve", help="serve ponder's tools to MCP clients (stdio or HTTP)",
         description="Serve ponder's built-in tools over the Model Context Protocol. Calls are validated "
         "against each tool's JSON Schema and stopped at its time limit; python runs in ponder's jail.",
     )  # fmt: skip

@@ -106,7 +106,7 @@ def _weights_dir(path: str) -> str:
 
 
 def register_refine(commands: Any) -> None:
-    refine = commands.add_parser("refine", help="self-refine: answer, critique, revise; monotone-improvement rate",
+    refine = commands.add_parser("refine", help="self-refine: answer, critique, revise; rate of improvement",
                                  description=REFINE_DESCRIPTION)  # fmt: skip
     refine.add_argument("--recipe", required=True, help="YAML recipe, e.g. recipes/math.yaml")
     refine.add_argument("--rounds", type=int, default=2, help="critique-and-revise rounds (default 2)")

@@ -17,8 +17,7 @@ def _names(text: str | None) -> list[str] | None:
 def register(commands: Any) -> None:
     """Add `bench-injection` to the `ponder` sub-command parsers."""
     bench = commands.add_parser("bench-injection",
-                                help="prompt-injection suite: utility, utility under attack and attack success "
-                                     "rate, per defence layer")  # fmt: skip
+                                help="prompt injection: utility and attack success per defence")
     bench.add_argument("--policy", default=SCRIPTED,
                        help="scripted (the always-comply worst case), smollm2-135m, a model dir or an "
                             "OpenAI-compatible URL")  # fmt: skip

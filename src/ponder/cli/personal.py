@@ -75,7 +75,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def register(commands: Any) -> None:
     """Add `personal` (list, update, rollback) to ponder's subcommands."""
-    personal = commands.add_parser("personal", help="per-user adapters trained from feedback: list, update, rollback",
+    personal = commands.add_parser("personal", help="per-user adapters from feedback: list, update, rollback",
                                    description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = personal.add_subparsers(dest="personal_command", required=True, metavar="{list,update,rollback}")
     users_help = "the store `ponder serve --users DIR` keeps"

@@ -36,7 +36,7 @@ POST /v1/users/{user}/rollback {version} goes back. See docs/results-personal.md
 
 
 def register(commands: Any) -> None:
-    serve = commands.add_parser("serve", help="serve a policy and its adapters over an OpenAI-compatible HTTP API",
+    serve = commands.add_parser("serve", help="serve a policy and adapters over an OpenAI-compatible API",
                                 description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--model", default="smollm2-135m",
                        help="base model: smollm2-135m (embedded), tiny, a local HF model dir, or a ponder run "

@@ -230,7 +230,7 @@ def cmd_bench_agent(args: argparse.Namespace) -> int:
 def register_bench(commands: Any) -> None:
     from ponder.bfcl.data import ADAPTER_CATEGORIES
 
-    bench = commands.add_parser("bench-agent", help="run a policy on BFCL's single-turn categories, scored by BFCL's checker")
+    bench = commands.add_parser("bench-agent", help="BFCL's single-turn categories, scored by BFCL's checker")
     bench.add_argument("--suite", default="bfcl", choices=["bfcl"], help="benchmark suite (default bfcl)")
     bench.add_argument("--model", default="smollm2-135m", help="oracle (replays possible answers), smollm2-135m, a model dir or URL")
     bench.add_argument("--categories", nargs="+", default=list(ADAPTER_CATEGORIES))

@@ -23,7 +23,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
 def register(commands: Any) -> None:
     """Add `warmup` to ponder's subcommands."""
-    short = "one SFT warm-up shared by several recipes (for RL, then merging)"
+    short = "one SFT warm-up shared by several recipes (for RL, merging)"
     warmup = commands.add_parser("warmup", help=short, description=DESCRIPTION)
     warmup.add_argument("--recipe", action="append", required=True, metavar="YAML",
                         help="a recipe whose demonstrations join the warm-up; give it once per recipe")
