@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from ponder.models.logprobs import logprobs_from_logits
+from ponder.rollout.constrain import Constraint
 
 
 @dataclass
@@ -19,11 +20,14 @@ class GenerationRequest:
     """One action to generate: the full context so far and its limits.
 
     key identifies the episode (scripted backends look up their canned turns by it).
+    constraint: a `ponder.rollout.constrain.Constraint` the action must match (its
+    tokens are sampled from the grammar-masked distribution), or None.
     """
 
     key: str
     context_ids: list[int]
     max_new_tokens: int
+    constraint: Constraint | None = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ from ponder.models.cpu_threads import cpu_block
 from ponder.models.loading import Policy
 from ponder.models.memory import trim_heap
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
+from ponder.rollout.constrain import Matcher, grammars_for, mask_logits
 from ponder.rollout.graph_decode import GraphStep
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
 from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
@@ -55,6 +56,7 @@ class _Row:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str = ""
+    matcher: Matcher | None = None  # the request's constraint, where it has one
 
 
 class HFBackend:
@@ -130,12 +132,12 @@ class HFBackend:
         model = self.sampling_model()
         if self._graphed(model):
             return self._generate_graphed(model, requests, stop_strings)
+        rows = self._rows(requests)  # a bad constraint fails before the prefill
         cache, logits, attention_mask, next_position = self._prefill(model, requests)
-        rows = [_Row(r, [], []) for r in requests]
         batch = list(range(len(rows)))  # rows[batch[j]] is batch row j
         live = list(range(len(rows)))  # batch rows still generating
         while True:
-            token_list, logprob_list, tokens = self._sample(logits)
+            token_list, logprob_list, tokens = self._sample(self._constrain(logits, rows, batch, live))
             live = self._book(rows, batch, live, token_list, logprob_list, stop_strings, cache, attention_mask)
             if not live:
                 break
@@ -175,13 +177,14 @@ class HFBackend:
         the rows are booked here (a finished row's extra token is never recorded).
         Finished rows stay in the batch until half of it has finished, then the live
         rows get a step of their own."""
+        rows = self._rows(requests)
         cache, logits, attention_mask, next_position = self._prefill(model, requests, pad_slots=True)
         step = GraphStep.after_prefill(model, cache, attention_mask, next_position, self._compiled())
         del cache
-        rows = [_Row(r, [], []) for r in requests]
         batch = list(range(len(rows)))  # rows[batch[j]] is step row j
         live = list(range(len(rows)))  # step rows still generating
         while live:
+            logits = self._constrain(logits, rows, batch, live)
             tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
             sampled = _HostCopy(torch.stack([tokens.double(), logprobs.double()]))
             logits = step(tokens)  # queued behind the copy: runs while this loop books the rows
@@ -193,6 +196,22 @@ class HFBackend:
                 logits, step, batch = logits[live], step.select(live), [batch[j] for j in live]
                 live = list(range(len(live)))
         return [self._to_generation(row) for row in rows]
+
+    def _rows(self, requests: list[GenerationRequest]) -> list[_Row]:
+        """A row per request, with a fresh matcher of its constraint (compiled once per
+        constraint and tokenizer: ponder.rollout.constrain)."""
+        if not any(r.constraint is not None for r in requests):
+            return [_Row(r, [], []) for r in requests]
+        grammars = grammars_for(self.tokenizer, self.eos_ids, self.policy.model.config.vocab_size)
+        return [_Row(r, [], [], matcher=grammars.matcher(r.constraint) if r.constraint else None) for r in requests]
+
+    @staticmethod
+    def _constrain(logits: torch.Tensor, rows: list[_Row], batch: list[int], live: list[int]) -> torch.Tensor:
+        """logits with each live constrained row's forbidden tokens at -inf."""
+        matchers: list[Matcher | None] = [None] * len(batch)
+        for j in live:
+            matchers[j] = rows[batch[j]].matcher
+        return mask_logits(logits, matchers)
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float], torch.Tensor]:
         tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
@@ -216,6 +235,8 @@ class HFBackend:
         """Append a sampled token to its row; True when the row has finished."""
         row.token_ids.append(token)
         row.logprobs.append(logprob)
+        if row.matcher is not None and not row.matcher.done:
+            row.matcher.advance(token)
         row.finish_reason = self._finish_reason(row, stop_strings)
         if self.on_token is not None and self.on_token(row.request, row.token_ids) and not row.finish_reason:
             row.finish_reason = "abort"

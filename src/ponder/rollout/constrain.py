@@ -1,0 +1,179 @@
+"""Constrained sampling: a token mask per row from a grammar, advanced token by token.
+
+A `Constraint` is what a request asks its reply to be: a JSON Schema, a regex, or a
+Lark grammar (llguidance's EBNF dialect, which can embed JSON Schemas with `%json`).
+llguidance compiles it against the tokenizer and computes, at every step, which
+tokens may come next; ponder only glues that into its decoders. Why llguidance
+(measured side by side with xgrammar 0.2.8 on the embedded model's 49k vocabulary,
+bench/constrained_decoding.py): a mask in 0.01 ms (xgrammar 0.0075 ms), a schema
+compiled in 2.5 ms (xgrammar 10 ms), and a 3 MB wheel with no dependencies where
+xgrammar pulls in triton and tvm-ffi.
+
+`Grammars` holds one tokenizer's compiled constraints, cached by their source, so a
+schema sent with every request compiles once; each row gets a fresh `Matcher` copied
+from the cached one. `mask_logits` sets the logits of every token a row's grammar
+forbids to -inf (rows without a constraint are untouched), so the sampler's softmax
+is the masked, renormalised distribution: the one the token is actually drawn from,
+and the one its recorded logprob belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+KINDS = ("json_schema", "regex", "lark")
+# Compiled constraints kept per tokenizer (LRU); a schema costs a few ms to compile.
+CACHE_SIZE = 256
+# The largest grammar source accepted (a 1 MB schema is refused with this in the message).
+MAX_SOURCE_BYTES = 256_000
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be compiled or met; the message names why."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """kind: `json_schema`, `regex` or `lark`; source: the schema as JSON text, the
+    regex, or the Lark grammar. Build with `json_schema`, `regex` or `lark`."""
+
+    kind: str
+    source: str
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any]) -> Constraint:
+        return cls("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False))
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        return cls("regex", pattern)
+
+    @classmethod
+    def lark(cls, grammar: str) -> Constraint:
+        return cls("lark", grammar)
+
+    def grammar(self) -> str:
+        """llguidance's grammar text for this constraint."""
+        import llguidance
+
+        if self.kind not in KINDS:
+            raise ConstraintError(f"constraint kind '{self.kind}': valid: {', '.join(KINDS)}")
+        if len(self.source.encode()) > MAX_SOURCE_BYTES:
+            raise ConstraintError(f"{self.kind} of {len(self.source.encode())} bytes: at most {MAX_SOURCE_BYTES}")
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.source)
+        if self.kind == "lark":
+            return llguidance.LLMatcher.grammar_from_lark(self.source)
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+        except ValueError as err:
+            raise ConstraintError(f"json_schema: {err}") from None
+
+
+# Compact JSON (no free whitespace): a small model given room for spaces fills it.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class Matcher:
+    """One row's place in its grammar: which tokens may come next, and the step."""
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+
+    def allowed(self) -> np.ndarray:
+        """A bool [vocab_size]: the tokens the grammar allows next (only the end of
+        turn once it is complete)."""
+        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
+
+    def advance(self, token: int) -> None:
+        """Take the sampled token; a token the mask forbade is an error of the caller."""
+        if not self._matcher.consume_token(token):
+            raise ConstraintError(f"token {token} is not allowed here: {self._matcher.get_error()}")
+
+    @property
+    def done(self) -> bool:
+        """The grammar has ended (only the end-of-turn token was left to sample)."""
+        return self._matcher.is_stopped()
+
+    def accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+
+class Grammars:
+    """One tokenizer's compiled constraints (see module docstring). `eos_ids`: the
+    tokens that end a turn, the only ones allowed once a grammar is complete;
+    `vocab_size`: the width of the model's logits."""
+
+    def __init__(self, tokenizer: Any, eos_ids: list[int], vocab_size: int) -> None:
+        import llguidance.hf
+
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_ids))
+        self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # how many constraints were compiled (the rest came from the cache)
+
+    def matcher(self, constraint: Constraint) -> Matcher:
+        """A fresh matcher at the start of `constraint`'s grammar."""
+        with self._lock:
+            initial = self._compiled.get(constraint)
+            if initial is None:
+                initial = self._compile(constraint)
+                self._compiled[constraint] = initial
+                if len(self._compiled) > CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+            self._compiled.move_to_end(constraint)
+            return Matcher(initial.deep_copy(), self.vocab_size)
+
+    def _compile(self, constraint: Constraint) -> Any:
+        import llguidance
+
+        grammar = constraint.grammar()
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # a grammar no text matches fails at its first mask
+        if matcher.is_error():
+            error = matcher.get_error().splitlines()[0]
+            raise ConstraintError(f"{constraint.kind}: " + ("no text matches it" if "NoExtension" in error else error))
+        self.compiled += 1
+        return matcher
+
+
+_GRAMMARS: weakref.WeakKeyDictionary[Any, Grammars] = weakref.WeakKeyDictionary()
+_GRAMMARS_LOCK = threading.Lock()
+
+
+def grammars_for(tokenizer: Any, eos_ids: list[int] | set[int], vocab_size: int) -> Grammars:
+    """The `Grammars` of `tokenizer` (made once per tokenizer and logits width)."""
+    with _GRAMMARS_LOCK:
+        grammars = _GRAMMARS.get(tokenizer)
+        if grammars is None or grammars.vocab_size != vocab_size:
+            grammars = Grammars(tokenizer, list(eos_ids), vocab_size)
+            _GRAMMARS[tokenizer] = grammars
+        return grammars
+
+
+def mask_logits(logits: torch.Tensor, matchers: list[Matcher | None]) -> torch.Tensor:
+    """logits [B, V] with every token row b's matcher forbids at -inf (in place; rows
+    whose matcher is None are left as they are). Returns logits."""
+    if not any(m is not None for m in matchers):
+        return logits
+    width = logits.shape[-1]
+    for row, matcher in enumerate(matchers):
+        if matcher is None:
+            continue
+        allowed = np.zeros(width, dtype=bool)
+        allowed[: min(width, matcher.vocab_size)] = matcher.allowed()[:width]
+        forbidden = torch.from_numpy(~allowed).to(logits.device)
+        logits[row].masked_fill_(forbidden, float("-inf"))
+    return logits
