@@ -57,7 +57,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--replay-ratio", type=float, default=0.5)
     parser.add_argument(
         "--ewc-lambda", type=float, default=1e4,
-        help="EWC penalty weight (1e3 changed little here, 1e5 and up froze the model; docs/results-pipeline.md)",
+        help="EWC penalty weight (1e3 changed little here, 1e5 and up froze the model; docs/results/pipeline.md)",
     )
     parser.add_argument("--fisher-examples", type=int, default=8)
     parser.add_argument("--methods", default="naive,replay,ewc")

@@ -1,5 +1,5 @@
 """Time of an SFT step on the demo's own demonstrations with micro-batches of 1, 2
-and 4 rows (docs/results.md, "Cost on this machine"). Rows are sorted by length
+and 4 rows (docs/results/search-qa.md, "Cost"). Rows are sorted by length
 before they are cut into micro-batches, so a micro-batch pads little and reads the
 system prompt all its rows share once (ponder.models.forward).
 

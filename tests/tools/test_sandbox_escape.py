@@ -1,7 +1,7 @@
 """Escape probes against the code jail: each one tries a way out and asserts, on values, that
 it stayed in (the host file unchanged, the marker absent, the listener got 0 bytes, the
 secret not in the output). Every probe runs through a cold `run_python` jail and through
-a warm `SandboxPool` jail. Results: docs/results-safety.md."""
+a warm `SandboxPool` jail. Results: docs/results/safety.md."""
 
 import hashlib
 import os

@@ -16,7 +16,7 @@ DESCRIPTION = """\
 Serve a policy over OpenAI's HTTP API: POST /v1/chat/completions (tools,
 tool_choice, response_format, stream), POST /v1/completions, GET /v1/models.
 Each --adapter is served under its own model name on the one base model;
-requests that arrive together are generated in one batch. See docs/serving.md.
+requests that arrive together are generated in one batch. See docs/guide/serving.md.
 
 Backends (--backend): `hf` is ponder's own (transformers, the lean CPU decoder;
 a batch runs to its end). `vllm` generates on a vLLM server (its own venv, `make
@@ -31,7 +31,7 @@ Per-user adapters (--users DIR, hf backend): a chat on the base model with OpenA
 rates it (rating 1 | -1, rewrite, correction, outcome), POST /v1/users/{user}/update
 trains the user's next adapter version by DPO on a background thread and serves it
 without a restart, GET /v1/users/{user} shows versions and the update's status,
-POST /v1/users/{user}/rollback {version} goes back. See docs/results-personal.md.
+POST /v1/users/{user}/rollback {version} goes back. See docs/guide/serving.md.
 """
 
 

@@ -151,7 +151,7 @@ def register(commands: Any) -> None:
     train = sub.add_parser("train", help="contrastive fine-tuning of the dense tool encoder")
     _split_options(train)
     train.add_argument("--out", default=DEFAULT_ENCODER_DIR, help=f"encoder directory (default {DEFAULT_ENCODER_DIR})")
-    train.add_argument("--epochs", type=int, default=3, help="passes over the training pairs (3: chosen among 1, 2, 3 on validation; docs/results-tools.md)")
+    train.add_argument("--epochs", type=int, default=3, help="passes over the training pairs (3: chosen among 1, 2, 3 on validation; docs/results/tools.md)")
     train.add_argument("--batch-size", type=int, default=32)
     train.add_argument("--lr", type=float, default=5e-5)
     train.add_argument("--hard-negatives", type=int, default=1, help="mined negatives per example (0: in-batch only)")

@@ -4,7 +4,7 @@ Why: torch's fp32 `F.linear` on the CPU is MKL's sgemm. On AMD processors MKL ta
 its AVX2 path even where the CPU has AVX-512: on a 2-core AMD EPYC (Zen 5) sgemm ran
 at ~190 GFLOP/s at the update's shapes and streamed the decode step's weights at
 9-16 GB/s, where oneDNN, which ships inside torch too, ran at 400-470 GFLOP/s and
-35-78 GB/s (docs/benchmarks.md). On the Intel Xeons measured earlier the two were
+35-78 GB/s (docs/results/benchmarks.md). On the Intel Xeons measured earlier the two were
 close, and oneDNN lost on square matrices at one row. So the choice is measured, not
 assumed: once per machine (per row-count bucket, on a probe product), and kept in
 `$PONDER_CACHE_DIR/matmul-<cpu>.json`. Kept, because the two libraries round
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 # oneDNN keeps a compiled primitive per operand shape, 1024 by default. Training passes
 # meet a new sequence length at almost every micro-batch, so the cache filled with
 # shapes never seen again: ~0.35 GB more RSS by the end of the demo's SFT
-# (docs/results.md, "Cost"). One pass needs a few dozen shapes (every projection,
+# (docs/results/search-qa.md, "Cost"). One pass needs a few dozen shapes (every projection,
 # forward and backward), a decode step fewer. oneDNN reads the variable when it makes
 # its first primitive; a value the user set wins.
 PRIMITIVE_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"

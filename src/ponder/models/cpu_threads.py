@@ -5,7 +5,7 @@ Why: torch's OpenMP threads spin-wait at the end of every parallel region for th
 other threads of their team. A decode step is hundreds of short regions, and so is a
 training pass. When another process holds a core, the thread that was descheduled
 makes every region wait for the scheduler. Measured on the 2-core machine with a
-load average of 6-8 from other jobs, SmolLM2 decoding at batch 1 (docs/benchmarks.md,
+load average of 6-8 from other jobs, SmolLM2 decoding at batch 1 (docs/results/benchmarks.md,
 "Under CPU contention"):
 - 2 threads: 0.9 tokens/s;
 - 1 thread: 7.2 tokens/s;
@@ -23,7 +23,7 @@ could not tell this process's own recent work from another job's (a competing jo
 two busy processes read as this process's two threads). Only the process's first
 decision sleeps for a fresh 0.1 s window: beside two busy processes that sleep took
 0.1-0.64 s to return (the scheduler's wake-up), up to a quarter of a batch-1 decode
-call (docs/benchmarks.md, "Under contention, profiled").
+call (docs/results/benchmarks.md, "Under CPU contention").
 
 `PONDER_CPU_THREADS=auto|N` (default auto) forces a count, for A/B runs.
 """
@@ -44,7 +44,7 @@ WINDOW_S = 0.1  # a fresh measurement's length
 REUSE_S = 0.5  # calls closer together than this reuse the last decision (ticks are 10 ms)
 # A longer interval since the last measurement may be mostly a job that has ended (in
 # bench/vllm_vs_ponder.py, vLLM-CPU's round just before ponder's: 30 s here ran ponder
-# on one thread of two free cores, docs/benchmarks.md "Finished rows"): not decided
+# on one thread of two free cores, docs/results/benchmarks.md "Finished rows"): not decided
 # from; the block keeps the last block's choice and is measured itself.
 STALE_S = 2.0
 
@@ -179,7 +179,7 @@ def torch_threads(count: int) -> Iterator[None]:
     Set even when torch already reports `count`: OpenMP's team size is per calling
     thread, and a thread other than the one that set it (a threaded Ray actor's method,
     as the learner's training loop) computed on one thread while torch reported two
-    (a 2048² matmul 1.57 s against 0.82 s; docs/scale.md "Six more seeds")."""
+    (a 2048² matmul 1.57 s against 0.82 s; docs/results/scale.md "Ray against one process, held out")."""
     before = torch.get_num_threads()
     torch.set_num_threads(count)
     try:

@@ -18,7 +18,7 @@ those frozen products run in bf16: each layer keeps a bf16 copy of its frozen we
 (`_base_weight`), the product's input is rounded to bf16 and its output returned in
 fp32; the LoRA matrices, their products and gradients, the norms and the loss stay
 fp32. An SFT step of the embedded model ran 1.3x faster, its LoRA gradient within
-~2 % (relative norm) of the fp32 one (bench/train_dtype.py, docs/benchmarks.md).
+~2 % (relative norm) of the fp32 one (bench/train_dtype.py, docs/results/benchmarks.md).
 This module imports PEFT; `apply_lora` imports it on first use.
 """
 

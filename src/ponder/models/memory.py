@@ -48,7 +48,7 @@ def map_large_blocks() -> int:
     glibc starts at 128 KiB but raises the threshold to the size of every mapped
     block freed, up to 32 MiB: after the first training pass, a row's activations
     (0.3-4 MB each on SmolLM2) come from the heap, and rows of other lengths leave it
-    fragmented, so the resident set grows step after step (docs/results.md, "Cost":
+    fragmented, so the resident set grows step after step (docs/results/search-qa.md, "Cost":
     the demo policy's training passes, 3.35 GB peak against 2.90 GB with this).
     """
     libc = _libc()

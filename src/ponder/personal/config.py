@@ -28,7 +28,7 @@ class PersonalConfig:
     rpo_alpha: weight of the chosen reply's per-token NLL added to the loss (RPO),
         so the reply the user wrote is learnt, not only preferred; 0 = plain DPO. With
         1, three simulated users each reached >= 90% after 8 interactions, against
-        0.04-0.75 for DPO alone (docs/results-personal.md).
+        0.04-0.75 for DPO alone (docs/results/personal.md).
     lora_r / lora_alpha: rank and scale of a user's first adapter (all linear layers);
         later updates continue the current adapter, whatever its rank.
     min_pairs: fewer preference pairs than this and the update is refused.

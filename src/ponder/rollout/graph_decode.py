@@ -2,7 +2,7 @@
 
 Why: on an H100 a batch-1 decode step of a 1.5B model through transformers' eager
 forward launched 1 202 kernels taking 3.6 ms of GPU time inside 39-62 ms of wall
-time (docs/benchmarks.md, "On a GPU"): the GPU waited on Python and on launches. A
+time (docs/results/benchmarks.md, "On a GPU"): the GPU waited on Python and on launches. A
 CUDA graph replays a captured step's kernels with one launch, but needs every
 shape and every address fixed. So a `GraphStep`:
 
@@ -25,7 +25,7 @@ RMSNorm are one fused kernel once compiled. With `compiled` they go through
 torch.compile (inductor: Triton kernels on a GPU) before being captured, which
 fuses the ~17 small kernels of a layer (norms, rotary, the cache writes, SiLU·up)
 into four; the matrix products and attention stay cuBLAS's and SDPA's. On an H200
-that made batch-1 decode 1.3x faster (docs/benchmarks.md, "Compiled decode steps").
+that made batch-1 decode 1.3x faster (docs/results/benchmarks.md, "On a GPU").
 One compilation per process serves every layer and model of the same shape (a new
 batch or cache size recompiles once, then its dimension is dynamic).
 

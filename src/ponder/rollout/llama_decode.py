@@ -12,7 +12,7 @@ MKL's sgemm streams at ~40 % of the bandwidth for the MLP's wide matrices and th
   torch.compile's CPU backend packs linear weights into) where that measures faster
   than `cpu_matmul.linear` on this CPU: on an Intel Xeon 1.8× on gate|up and 2.3× on
   the vocabulary head at batch 8, and slower on the square ones; on an AMD EPYC
-  2.7-5.5× on every matrix (`bench/decode_kernels.py`, docs/benchmarks.md);
+  2.7-5.5× on every matrix (`bench/decode_kernels.py`, docs/results/benchmarks.md);
 - runs one plain loop over the layers (RMSNorm, rotary, SDPA with grouped KV heads)
   on the backend's `SlabCache`, with none of the generic model's mask building.
 
@@ -88,7 +88,7 @@ class LlamaDecoder:
     to it; norms, rotary, attention and the cache stay float32 (the CPU's bf16
     attention kernel measured 2.5x slower than its fp32 one at decode shapes). The
     matrix products run 1.5-2x faster, a decode step ~1.4x (bench/vllm_vs_ponder.py
-    --ponder-dtypes, docs/benchmarks.md); the sampler's log-probs then differ from the
+    --ponder-dtypes, docs/results/benchmarks.md); the sampler's log-probs then differ from the
     trainer's by ~0.03 (`rollout.sampling.dtype`)."""
 
     def __init__(self, model: Any, config: Any, matmul_dtype: torch.dtype | None = None, pack: bool = True) -> None:
@@ -214,7 +214,7 @@ class _Linear:
     """x -> x @ weightᵀ + bias; the weight in oneDNN's blocked layout where that measured
     faster on this CPU for its shape (cpu_matmul.packing_wins): on the Intel Xeons
     measured earlier only the wide ones (gate|up, the vocabulary head), on an AMD EPYC
-    every matrix (docs/benchmarks.md)."""
+    every matrix (docs/results/benchmarks.md)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool = True) -> None:
         self.bias = bias

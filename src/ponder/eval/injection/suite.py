@@ -205,7 +205,7 @@ def _share(flags: Any) -> float | None:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The rows as a Markdown table (percentages), the way docs/results-safety.md shows them."""
+    """The rows as a Markdown table (percentages), the way docs/results/safety.md shows them."""
     lines = ["| policy | defence | utility | utility under attack | ASR | confirmations / episode | "
              "benign refusals | successful attacks the monitor flags |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Prompt-injection defences, as layers that compose (see docs/agents.md, "Prompt injection").
+"""Prompt-injection defences, as layers that compose (see docs/guide/safety.md).
 
 - escape: tool output rendered as data, unable to forge a protocol tag (used by the parsers);
 - detector: rules and an optional classifier scoring instructions hidden in tool output;
