@@ -53,6 +53,14 @@ def test_missing_model_path(tmp_path, capsys):
     assert "no-such-model" in message
 
 
+def test_garbage_model_config_is_an_input_error(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "hidden_size": "banana"}')
+    message = _bad_input(["--model", str(model)], tmp_path, capsys)  # exit 2, not "internal error"
+    assert str(model / "config.json") in message and "hidden_size" in message
+
+
 def test_corrupt_corpus_line(tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "d1", "contents": "Paris is in France."}\n{"id": "d2", "contents": \n')

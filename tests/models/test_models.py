@@ -346,6 +346,17 @@ def test_load_policy_invalid_config_json_is_a_model_load_error(tmp_path):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("config", [
+    '{"model_type": "llama", "hidden_size": "banana"}',  # a field of the wrong type
+    '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 3}',  # an architecture check
+])  # fmt: skip
+def test_load_policy_config_that_fails_validation_names_the_file(tmp_path, config):
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(ModelLoadError, match="not a valid model config") as info:
+        load_policy(str(tmp_path), device="cpu")
+    assert str(tmp_path / "config.json") in str(info.value) and "\n" not in str(info.value)
+
+
 def test_load_policy_tiny_honours_dtype():
     assert load_policy("tiny", dtype="bfloat16", device="cpu").model.dtype == torch.bfloat16
 

@@ -117,10 +117,24 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load model '{name_or_path}': {str(err).splitlines()[0]}") from err
+    except _config_errors() as err:  # a config.json whose fields do not validate
+        detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise ModelLoadError(f"cannot load model '{name_or_path}': {Path(path) / 'config.json'} is not a "
+                             f"valid model config: {detail}") from err  # fmt: skip
     _ensure_pad_token(tokenizer)
     model.to(target)
     model.eval()
     return Policy(model=model, tokenizer=tokenizer, name=name_or_path, device=target)
+
+
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a config.json of the wrong shape: huggingface_hub's
+    strict-dataclass validation errors (type-checked fields, architecture checks)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: no strict configs
+        return ()
+    return (StrictDataclassError,)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
