@@ -4,7 +4,7 @@
 - the GRPO step's time split, ponder vs TRL, per workload (bench/grpo_vs_trl.py).
 
     .venv/bin/python bench/plots.py --roofline runs/bench/roofline.json \
-        --grpo runs/bench/grpo_vs_trl.json --out docs/img
+        --grpo runs/bench/grpo_vs_trl.json --out docs/results/img
 """
 
 from __future__ import annotations

@@ -366,7 +366,7 @@ def _compact(live: list[int], batch: list[int]) -> bool:
     layer's cache; keeping a finished row costs its share of each step. At batch 32
     and 128, dropping whenever a row finished spent a quarter of the generation in
     copies, so there finished rows stay until a quarter of the batch has finished; at
-    batch 8 the copies are small and dropping at once was faster (docs/benchmarks.md,
+    batch 8 the copies are small and dropping at once was faster (docs/results/benchmarks.md,
     "Finished rows"). The GPU's static steps (`_generate_graphed`) wait for half:
     there a smaller batch means new CUDA graphs."""
     if len(batch) <= SMALL_BATCH:
