@@ -89,7 +89,9 @@ class Task:
     """One episode's job: a question, its gold answers and the tools it may use.
 
     `context` is text shown in the prompt (some questions are answerable from it);
-    `oracle_actions` are the assistant turns of a known-good episode, used for SFT.
+    `oracle_actions` are the assistant turns of a known-good episode, used for SFT;
+    `metadata` holds what an environment and its rewards know of the task (search-QA's
+    `needs_search` and `hops`, math's level …).
     """
 
     id: str
@@ -97,7 +99,6 @@ class Task:
     answers: list[str]
     kind: str = "qa"
     context: str | None = None
-    needs_search: bool = True
     oracle_actions: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
 

@@ -118,9 +118,9 @@ def test_answers_are_in_the_hop_chain_documents(world):
         assert task.answers[0] not in task.question
         if task.kind == "in_prompt":
             assert task.answers[0] in task.context
-            assert not task.needs_search
+            assert task.metadata["needs_search"] is False
         else:
-            assert task.needs_search and task.context is None
+            assert task.metadata["needs_search"] is True and task.context is None
             last_hop = task.metadata["hops"][-1]
             assert task.answers[0] == last_hop["object"]
             assert task.answers[0] in docs[last_hop["subject_id"]]

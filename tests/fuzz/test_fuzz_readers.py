@@ -63,7 +63,7 @@ def check_task_file(data: bytes) -> None:
                 assert isinstance(task.question, str) and task.question.strip()
                 assert all(isinstance(a, str) for a in task.answers) and isinstance(task.kind, str)
                 assert task.context is None or isinstance(task.context, str)
-                assert isinstance(task.needs_search, bool) and isinstance(task.metadata, dict)
+                assert isinstance(task.metadata, dict) and isinstance(task.metadata.get("needs_search", True), bool)
                 assert all(isinstance(a, str) for a in task.oracle_actions)
                 json.dumps(task.to_dict(), ensure_ascii=False).encode("utf-8")  # writable back as JSONL
     finally:

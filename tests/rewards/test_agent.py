@@ -6,10 +6,10 @@ from ponder.config import AgentRewardConfig
 from ponder.rewards.agent import AgentReward, tool_selection_f1
 from ponder.types import Task, ToolCall, Trajectory, Turn
 
-SEARCH_TASK = Task("t1", "Where was Ann born?", ["Oslo"], needs_search=True,
+SEARCH_TASK = Task("t1", "Where was Ann born?", ["Oslo"], metadata={"needs_search": True},
                    oracle_actions=["<search>Ann</search>", "<answer>Oslo</answer>"])  # fmt: skip
 IN_PROMPT = Task(
-    "t2", "Where was Ann born?", ["Oslo"], needs_search=False, oracle_actions=["<answer>Oslo</answer>"]
+    "t2", "Where was Ann born?", ["Oslo"], metadata={"needs_search": False}, oracle_actions=["<answer>Oslo</answer>"]
 )
 
 

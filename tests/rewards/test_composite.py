@@ -38,14 +38,14 @@ def test_search_cost_if_correct_charges_right_answers_only():
 
 def test_search_cost_excess_charges_unneeded_searches_only():
     hops = {"hops": [{"r": 1}, {"r": 2}]}
-    multi = Task(id="t", question="q", answers=["red barn"], needs_search=True, metadata=hops)
-    single = Task(id="t", question="q", answers=["red barn"], needs_search=True, metadata={"hops": [{"r": 1}]})
-    in_prompt = Task(id="t", question="q", answers=["red barn"], needs_search=False, metadata={"hops": [{"r": 1}]})
+    multi = Task(id="t", question="q", answers=["red barn"], metadata={**hops, "needs_search": True})
+    single = Task(id="t", question="q", answers=["red barn"], metadata={"hops": [{"r": 1}], "needs_search": True})
+    in_prompt = Task(id="t", question="q", answers=["red barn"], metadata={"hops": [{"r": 1}], "needs_search": False})
     two, three = _episode(n_searches=2), _episode(n_searches=3)
     assert [search_calls_excess(two, t) for t in (multi, single, in_prompt)] == [0.0, 1.0, 2.0]
     assert search_calls_excess(three, multi) == 1.0
     assert search_calls_excess(_episode(n_searches=1), multi) == 0.0  # too few: the answer reward's business
-    assert search_calls_excess(two, Task(id="t", question="q", answers=["a"], needs_search=True)) is None
+    assert search_calls_excess(two, Task(id="t", question="q", answers=["a"])) is None  # needs search, hops unknown
     reward = CompositeReward({"em": 1.0, "format": 0.1, "search_cost_excess": -0.1})
     # a right multi-hop answer after its two searches: 1 + 0.1, no cost; the same on single-hop: -0.1
     assert reward(two, multi)[0] == pytest.approx(1.1)
@@ -63,7 +63,7 @@ def _planned(plan, n_searches, answer="the red barn"):
 
 
 def test_plan_kept_when_the_searches_match_the_count_written_first():
-    task = Task(id="t", question="q", answers=["red barn"], needs_search=True, metadata={"hops": [{"r": 1}]})
+    task = Task(id="t", question="q", answers=["red barn"], metadata={"hops": [{"r": 1}], "needs_search": True})
     assert plan_kept(_planned("Two lookups.", 2), task) == 1.0
     assert plan_kept(_planned("One lookup.", 1), task) == 1.0
     assert plan_kept(_planned("No lookup needed.", 0), task) == 1.0
@@ -80,8 +80,8 @@ def test_plan_kept_when_the_searches_match_the_count_written_first():
     assert reward(_planned("Two lookups.", 2), task)[0] == pytest.approx(1.0)
     assert reward(_planned("One lookup.", 2), task)[0] == pytest.approx(0.9)
     # invariance: it reads what the episode did, never what the task needs or the answer
-    multi = Task(id="t", question="q", answers=["x"], needs_search=True, metadata={"hops": [{"r": 1}, {"r": 2}]})
-    in_prompt = Task(id="t", question="q", answers=["x"], needs_search=False)
+    multi = Task(id="t", question="q", answers=["x"], metadata={"hops": [{"r": 1}, {"r": 2}], "needs_search": True})
+    in_prompt = Task(id="t", question="q", answers=["x"], metadata={"needs_search": False})
     for episode in (_planned("One lookup.", 1), _planned("One lookup.", 2), _planned("Two lookups.", 2, "no")):
         assert plan_kept(episode, task) == plan_kept(episode, multi) == plan_kept(episode, in_prompt)
 

@@ -27,8 +27,8 @@ from ponder.rewards.math import VERBOSE_WORDS, answer_format, contains_answer, c
 from ponder.types import Task, ToolCall, ToolResult, Trajectory, Turn
 from ponder.wiring import build_env, build_reward
 
-TASK = Task("t", "Noah has 7 pens and gets 5 more. How many?", ["12"], kind="level1", needs_search=False)
-EQUATION = Task("e", "Solve for x: 7x + 12 = 47.", ["5"], kind="level4", needs_search=False)
+TASK = Task("t", "Noah has 7 pens and gets 5 more. How many?", ["12"], kind="level1", metadata={"needs_search": False})
+EQUATION = Task("e", "Solve for x: 7x + 12 = 47.", ["5"], kind="level4", metadata={"needs_search": False})
 
 
 def episode(*actions: str, answer: str | None = None, stop: str = "answer", task_id: str = "t", reward=None,
@@ -87,7 +87,7 @@ def test_a_number_read_from_a_tool_or_the_context_is_no_guess():
     searched.turns[0].tool_results.append(ToolResult("Acme was founded in 1984 by Ada Lin.", name="search"))
     assert answer_guessing(searched, year) is False
     assert answer_guessing(episode("<answer>1984</answer>", answer="1984"), year) is True  # no search: a guess
-    in_prompt = Task("p", year.question, ["1984"], context="Acme was founded in 1984.", needs_search=False)
+    in_prompt = Task("p", year.question, ["1984"], context="Acme was founded in 1984.", metadata={"needs_search": False})
     assert answer_guessing(episode("<answer>1984</answer>", answer="1984"), in_prompt) is False
     # a failed tool result or another number read does not make the answer read
     failed = episode("<search>Acme</search>", "<answer>1984</answer>", answer="1984")

@@ -31,7 +31,7 @@ ACTIONS = [
     "<answer>44</answer>",
 ]
 SCORES = [(2 - 1) / 3, (1 + 1) / 2, 1.0]
-TASK = Task("t", "…", ["44"], kind="level2", needs_search=False)
+TASK = Task("t", "…", ["44"], kind="level2", metadata={"needs_search": False})
 
 
 def scripted_turns() -> list[Turn]:

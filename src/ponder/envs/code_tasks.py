@@ -327,10 +327,9 @@ def to_task(task_id: str, spec: Spec, rng: random.Random, n_tests: int, n_exampl
     examples = min(n_examples, len(tests))
     metadata = {"family": spec.family, "difficulty": spec.difficulty, "function": spec.function,
                 "signature": spec.signature, "tests": tests, "examples": examples,
-                "reference": spec.reference}  # fmt: skip
+                "reference": spec.reference, "needs_search": False}  # fmt: skip
     kind = spec.family if kind_by == "family" else spec.difficulty
-    return Task(task_id, question_text(spec, tests[:examples]), [spec.reference], kind=kind, needs_search=False,
-                metadata=metadata)  # fmt: skip
+    return Task(task_id, question_text(spec, tests[:examples]), [spec.reference], kind=kind, metadata=metadata)
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,8 @@ def question_task(question: Any, plan: bool = False) -> Task:
     if plan:
         action = plan_line(list(dict.fromkeys(name for name, _ in calls))) + action
     metadata = {"category": question.category, "messages": question.messages, "functions": question.functions,
-                "ground_truth": question.ground_truth}  # fmt: skip
-    return Task(question.id, question.query, [action], kind=question.category, needs_search=False,
+                "ground_truth": question.ground_truth, "needs_search": False}  # fmt: skip
+    return Task(question.id, question.query, [action], kind=question.category,
                 oracle_actions=[action], metadata=metadata)  # fmt: skip
 
 

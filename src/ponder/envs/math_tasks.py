@@ -200,8 +200,8 @@ def to_task(task_id: str, problem: Problem, calculator: bool, calculator_from: i
     """A Task with the problem's answer as its gold and its worked solution as the oracle."""
     level = problem.level
     metadata = {"level": level, "template": problem.template, "values": dict(problem.values),
-                "steps": [list(step) for step in problem.steps]}  # fmt: skip
-    return Task(task_id, problem.question, [str(problem.answer)], kind=f"level{level}", needs_search=False,
+                "steps": [list(step) for step in problem.steps], "needs_search": False}  # fmt: skip
+    return Task(task_id, problem.question, [str(problem.answer)], kind=f"level{level}",
                 oracle_actions=worked_solution(problem, calculator, calculator_from), metadata=metadata)  # fmt: skip
 
 

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 
 from ponder.config import TaskGenConfig
-from ponder.rewards.search import PLANS
+from ponder.rewards.search import PLANS, needs_search
 from ponder.types import Task
 
 KINDS = ("single_hop", "multi_hop", "in_prompt")
@@ -118,7 +118,7 @@ def generate_world(cfg: TaskGenConfig) -> SyntheticWorld:
     held_out = _make_split("eval", public["eval"], private["eval"], cfg.n_eval, weights, entities, rng)
     if cfg.plan:
         for task in train + held_out:
-            lookups = len(task.metadata["hops"]) if task.needs_search else 0
+            lookups = len(task.metadata["hops"]) if needs_search(task) else 0
             task.oracle_actions[0] = with_plan(task.oracle_actions[0], lookups)
     return SyntheticWorld(corpus=corpus, train=train, eval=held_out)
 
@@ -364,9 +364,9 @@ def _single_hop_task(task_id: str, subject: Entity, relation: str) -> Task:
         question=spec.question.format(s=subject.name),
         answers=[answer],
         kind="single_hop",
-        needs_search=True,
         oracle_actions=oracle,
-        metadata={"subject_id": subject.id, "entities": [subject.id], "hops": [_hop(subject, relation)]},
+        metadata={"subject_id": subject.id, "entities": [subject.id], "hops": [_hop(subject, relation)],
+                  "needs_search": True},
     )
 
 
@@ -390,12 +390,12 @@ def _multi_hop_task(
         question=MULTI_HOP_QUESTIONS[chain].format(s=subject.name),
         answers=[answer],
         kind="multi_hop",
-        needs_search=True,
         oracle_actions=oracle,
         metadata={
             "subject_id": subject.id,
             "entities": [subject.id, bridge.id],
             "hops": [_hop(subject, bridge_relation), _hop(bridge, target_relation)],
+            "needs_search": True,
         },
     )
 
@@ -413,12 +413,12 @@ def _in_prompt_task(
         answers=[answer],
         kind="in_prompt",
         context=" ".join(sentences),
-        needs_search=False,
         oracle_actions=[_answer_action(f"The context says {fact}.", answer)],
         metadata={
             "subject_id": subject.id,
             "entities": [subject.id],
             "hops": [_hop(subject, relation)],
             "distractor_id": distractor.id,
+            "needs_search": False,
         },
     )

@@ -3,7 +3,8 @@ timing quality and format, a weighted total with named penalties, the breakdown,
 and a one-line textual feedback.
 
 What a task asks for comes from the task itself: `metadata["target_tools"]`
-(default: ["search"] when `needs_search`, else none), `metadata["optimal_steps"]`
+(default: ["search"] when `metadata["needs_search"]`, true unless it says false;
+else none), `metadata["optimal_steps"]`
 (default: the number of oracle actions) and `metadata["optimal_calls"]` (default:
 the oracle actions that call a tool). Usable as an RL reward (same call shape as
 CompositeReward) and for ranking sampled responses (DPO preference pairs).
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ponder.rewards.qa import exact_match
+from ponder.rewards.search import needs_search
 from ponder.types import Task, Trajectory
 
 COMPONENTS = ("completion", "tool_f1", "efficiency", "timing", "format")
@@ -26,7 +28,7 @@ PENALTIES = ("wrong_tool", "redundant_call", "format_error", "timeout")
 def target_tools(task: Task) -> set[str]:
     if "target_tools" in task.metadata:
         return set(task.metadata["target_tools"])
-    return {"search"} if task.needs_search else set()
+    return {"search"} if needs_search(task) else set()
 
 
 def optimal_steps(task: Task) -> int:

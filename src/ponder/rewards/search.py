@@ -24,11 +24,18 @@ def search_calls_if_correct(trajectory: Trajectory, task: Task) -> float | None:
     return search_calls(trajectory, task) * correct
 
 
+def needs_search(task: Task) -> bool:
+    """Whether the task's answer has to be looked up: `metadata["needs_search"]`, true
+    when the task does not say (search-QA's in-prompt questions say false; so do the
+    tasks of environments without search, for the agent reward's target tools)."""
+    return bool(task.metadata.get("needs_search", True))
+
+
 def searches_needed(task: Task) -> int | None:
     """The searches a task's reference solution makes: one per hop of a question that
     needs search, none when the fact is in the prompt; None when the task does not
     say (no `hops` in its metadata)."""
-    if not task.needs_search:
+    if not needs_search(task):
         return 0
     hops = task.metadata.get("hops")
     return len(hops) if isinstance(hops, list) else None
