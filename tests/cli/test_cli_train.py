@@ -70,3 +70,38 @@ def test_sft_from_trains_from_another_runs_warm_up_without_warming_up_again(tmp_
     assert code == 2
     assert "section 'sft' differs from this recipe; reuse needs the same warm-up" in capsys.readouterr().err
     assert not (tmp_path / "third").exists()
+
+
+def test_resume_of_a_run_killed_during_its_warm_up_warms_up_again(tmp_path, capsys, monkeypatch):
+    import ponder.jobs.train as train_job
+
+    real_warm_up, calls = train_job.warm_up, []
+
+    def killed_after_one_step(recipe, policy, log_dir, on_step=None):
+        calls.append(log_dir)
+
+        def step(number, metrics):
+            if on_step is not None:
+                on_step(number, metrics)
+            if len(calls) == 1:
+                raise KeyboardInterrupt  # the kill, after the warm-up's first step was logged
+
+        return real_warm_up(recipe, policy, log_dir, step)
+
+    monkeypatch.setattr(train_job, "warm_up", killed_after_one_step)
+    run = tmp_path / "run"
+    assert main(["train", "--recipe", "recipes/search_qa_grpo.yaml", "--out", str(run), *TINY]) == 130
+    assert len((run / "sft" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert not (run / "checkpoints").exists()
+    assert main(["train", "--resume", str(run)]) == 0
+    assert "stopped during its SFT warm-up; warming up again" in capsys.readouterr().out
+    assert len(calls) == 2
+    assert len((run / "sft" / "metrics.jsonl").read_text().splitlines()) == 2  # the partial log went
+    assert _steps(run) == [1, 2]
+
+
+def test_resume_of_a_directory_without_a_run_says_what_to_type(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "--resume", str(empty)]) == 2
+    assert f"ponder train --recipe RECIPE --out {empty}" in capsys.readouterr().err

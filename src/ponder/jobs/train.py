@@ -5,7 +5,9 @@ learner in a Ray actor."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ponder.config import Recipe, apply_overrides, from_dict, load_recipe, save_recipe, to_dict
@@ -45,8 +47,10 @@ def run_train(args: TrainOptions) -> int:
 
     overrides = args.overrides + ([f"model.name={args.model}"] if args.model else [])
     if args.resume:
-        run_dir = require_run_dir(args.resume, ("checkpoints/latest", "checkpoints", f"sft/{MANIFEST}"),
-                                  "a run with --recipe RECIPE --out DIR")  # fmt: skip
+        # a recipe.yaml alone: stopped during the warm-up, which is then run again
+        state = ("checkpoints/latest", "checkpoints", f"sft/{MANIFEST}", "recipe.yaml")
+        anew = f"a new one: ponder train --recipe RECIPE --out {args.resume}"
+        run_dir = require_run_dir(args.resume, state, anew)
         recipe = load_recipe(run_dir / "recipe.yaml", overrides)
         saved = to_dict(load_recipe(run_dir / "recipe.yaml"))  # settings added to ponder since: defaults
         check_resume_recipe(saved, to_dict(recipe), args.allow_recipe_change)
@@ -72,10 +76,9 @@ def run_train(args: TrainOptions) -> int:
             if args.sft_from:
                 load_adapter_weights(policy.model, copy_warm_up(warm_up_from, run_dir))
             elif recipe.sft.steps > 0:
-                with item_progress("SFT steps", recipe.sft.steps) as advance:
-                    warm_up(recipe, policy, run_dir / "sft", advance)
-        elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped after the warm-up
-            load_adapter_weights(policy.model, run_dir / "sft")
+                _warm_up(recipe, policy, run_dir)
+        elif not (run_dir / "checkpoints" / "latest").is_file():  # stopped before RL's first checkpoint
+            _resume_warm_up(recipe, policy, run_dir)
         if args.ray and recipe.train.ray_learner:  # the learner is a Ray actor; this process orchestrates
             learner = _ray_learner(args, recipe, policy, run_dir)
         else:
@@ -83,6 +86,24 @@ def run_train(args: TrainOptions) -> int:
     if args.ray and recipe.train.ray_learner:
         return _train_ray_learner(learner, recipe, run_dir)
     return _train_here(args, trainer, recipe, run_dir)
+
+
+def _warm_up(recipe: Recipe, policy: Any, run_dir: Path) -> None:
+    with item_progress("SFT steps", recipe.sft.steps) as advance:
+        warm_up(recipe, policy, run_dir / "sft", advance)
+
+
+def _resume_warm_up(recipe: Recipe, policy: Any, run_dir: Path) -> None:
+    """--resume of a run without an RL checkpoint: its finished warm-up loaded, or, when it
+    was stopped during the warm-up (no sft/ manifest), the warm-up run again from the
+    start, the partial one removed first (the SFT loop keeps no checkpoints of its own)."""
+    sft = run_dir / "sft"
+    if (sft / MANIFEST).is_file():
+        load_adapter_weights(policy.model, sft)
+    elif recipe.sft.steps > 0:
+        print(f"ponder train: {run_dir} was stopped during its SFT warm-up; warming up again from the start")
+        shutil.rmtree(sft, ignore_errors=True)
+        _warm_up(recipe, policy, run_dir)
 
 
 def _train_here(args: TrainOptions, trainer: Any, recipe: Any, run_dir: Any) -> int:
