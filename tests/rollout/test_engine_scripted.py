@@ -11,6 +11,7 @@ from ponder.models import tiny_tokenizer
 from ponder.rewards import exact_match
 from ponder.rollout import Generation, RolloutEngine, ScriptedBackend
 from ponder.tools.retrieval import build_retriever
+from ponder.types import ToolCall, Turn
 
 ROOMY = SamplingConfig(temperature=0.0, max_new_tokens_per_turn=512, max_total_tokens=4096)
 UNCLOSED_SEARCH_OBSERVATION = (
@@ -171,8 +172,9 @@ def test_metrics_equal_hand_counts(tok, tasks, oracle_run):
         n_searches = len(task.oracle_actions) - 1
         action_tokens = sum(len(tok.encode(a, add_special_tokens=False)) for a in task.oracle_actions)
         assert trajectory.metrics["turns"] == float(len(task.oracle_actions))
-        assert trajectory.metrics["searches"] == float(n_searches)
+        assert trajectory.metrics["searches"] == float(n_searches)  # search-QA's own metric
         assert trajectory.metrics["tool_calls"] == float(n_searches)
+        assert trajectory.metrics.get("tool_calls/search", 0.0) == float(n_searches)  # the engine's, per tool
         assert trajectory.metrics["generated_tokens"] == float(action_tokens)
         assert trajectory.metrics["response_tokens"] == float(len(trajectory.response_ids))
         assert trajectory.metrics["prompt_tokens"] == float(len(prompt_ids(tok, task)))
@@ -412,3 +414,31 @@ def test_each_search_s_cost_is_the_reward_of_the_turn_that_searched(tok, retriev
         searches = [sum(c.name == "search" for c in turn.tool_calls) for turn in trajectory.turns]
         assert [turn.reward for turn in trajectory.turns] == pytest.approx([-0.1 * n for n in searches])
     assert any(turn.reward for t in trajectories for turn in t.turns)  # some oracle episodes search
+
+
+class TwoToolEnv:
+    """Not search-QA: each action calls the tools its words name; it counts `lookups` itself."""
+
+    stop_strings: list = []
+
+    def reset(self, task):
+        self.turns = 0
+        return [{"role": "user", "content": task.question}]
+
+    def step(self, action):
+        self.turns += 1
+        calls = [ToolCall(name) for name in action.split()]
+        done = self.turns == 2
+        info = {"turn": Turn(self.turns - 1, action, tool_calls=calls), "metrics": {"lookups": 0.5 * len(calls)}}
+        return (None if done else "ok"), done, info
+
+
+def test_tool_calls_are_counted_per_tool_name_and_the_env_adds_its_own_metrics(tok, tasks):
+    task = tasks[0]
+    scripts = {task.id: ["calc calc notes", "search"]}
+    (trajectory,), _ = engine(tok, scripts, TwoToolEnv, group_size=1).run([task])
+    metrics = trajectory.metrics
+    assert metrics["tool_calls"] == 4.0
+    assert (metrics["tool_calls/calc"], metrics["tool_calls/notes"], metrics["tool_calls/search"]) == (2.0, 1.0, 1.0)
+    assert metrics["lookups"] == 2.0  # 0.5 x 3 calls, then 0.5 x 1: summed over the turns
+    assert "searches" not in metrics  # the engine names no environment's counts

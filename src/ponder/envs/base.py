@@ -13,7 +13,10 @@ An environment is one episode of a multi-turn, text-and-tool interaction:
   (None when there is nothing to show), whether the episode ended, and an info dict
   that may carry `turn` (a `Turn` record: tool calls, results, the answer, errors —
   the engine makes a plain one when absent), `reward` (a per-turn reward, e.g. a
-  test-run score or a step cost) and `stop_reason` (`answer`, `max_turns` …).
+  test-run score or a step cost), `stop_reason` (`answer`, `max_turns` …) and
+  `metrics` (the environment's own per-episode counts, name → this turn's amount:
+  the engine sums them into the trajectory's metrics beside its own `turns`,
+  `tool_calls`, `tool_calls/<name>` …; search-QA counts `searches` so).
 - `stop_strings`: texts at which generation of one action stops (a closing tag).
 
 An environment that raises in `step` ends that episode (stop reason `env_error`,

@@ -77,16 +77,18 @@ class SearchQAEnv:
         turn = outcome.turn(self.turn_index, action)
         self.turn_index += 1
         self.invalid_actions += parse.error is not None
-        # The search cost lands on the turn that searched (turn-level credit reads it there)
-        reward = self.search_cost * sum(call.name == "search" for call in turn.tool_calls)
+        searches = sum(call.name == "search" for call in turn.tool_calls)
+        # The search cost lands on the turn that searched (turn-level credit reads it there);
+        # the episode's `searches` count (reports, plots, the demo table) is this env's metric
+        info = {"turn": turn, "reward": self.search_cost * searches, "metrics": {"searches": float(searches)}}
         if parse.answer is not None:
-            return None, True, {"turn": turn, "stop_reason": "answer", "reward": reward}
+            return None, True, {**info, "stop_reason": "answer"}
         if self.max_invalid_actions and self.invalid_actions >= self.max_invalid_actions:
-            return None, True, {"turn": turn, "stop_reason": "invalid", "reward": reward}
+            return None, True, {**info, "stop_reason": "invalid"}
         if self.turn_index >= self.max_turns:
-            return None, True, {"turn": turn, "stop_reason": "max_turns", "reward": reward}
+            return None, True, {**info, "stop_reason": "max_turns"}
         turn.observation = outcome.observation
-        return outcome.observation, False, {"turn": turn, "reward": reward}
+        return outcome.observation, False, info
 
 
 @dataclass

@@ -134,6 +134,8 @@ class RolloutEngine:
         turn: Turn = info.get("turn") or Turn(index, generation.text)
         if info.get("reward") is not None:
             turn.reward = float(info["reward"])
+        for name, value in (info.get("metrics") or {}).items():  # the environment's own counts
+            trajectory.metrics[name] = trajectory.metrics.get(name, 0.0) + float(value)
         turn.n_action_tokens = len(generation.token_ids)
         trajectory.turns.append(turn)
         if done:
@@ -158,14 +160,19 @@ def _extend(episode: _Episode, token_ids: list[int], logprobs: list[float], poli
 
 
 def _finalise(trajectory: Trajectory) -> None:
-    """Per-episode counts every report and reward reads."""
+    """Per-episode counts every report and reward reads: turns, tool calls (all, and
+    `tool_calls/<name>` per tool called), errors, tokens, whether it answered; beside
+    them the environment's own counts (its `info["metrics"]`, summed over the turns)."""
     trajectory.check()
     turns = trajectory.turns
+    per_tool: dict[str, float] = defaultdict(float)
+    for call in (c for t in turns for c in t.tool_calls):
+        per_tool[f"tool_calls/{call.name}"] += 1.0
     trajectory.metrics.update(
         {
             "turns": float(len(turns)),
             "tool_calls": float(sum(len(t.tool_calls) for t in turns)),
-            "searches": float(sum(c.name == "search" for t in turns for c in t.tool_calls)),
+            **per_tool,
             "tool_errors": float(sum(r.is_error for t in turns for r in t.tool_results)),
             "parse_errors": float(sum(t.error is not None for t in turns)),
             "generated_tokens": float(sum(trajectory.loss_mask)),
