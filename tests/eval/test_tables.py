@@ -120,6 +120,43 @@ def test_metrics_table_fits_in_80_columns():
     assert " single_hop │  0.634 │ 0.67 │ 0.71 │   0.91 │   1.27 │     1.27 │    143 │ 100 " in lines
 
 
+FC_COMPONENTS = {"arguments": 0.7, "contains_answer": 0.4, "correct": 0.5, "format": 0.9, "function_name": 0.6,
+                 "search_cost": 0.1, "valid_call": 0.8}  # fmt: skip
+
+
+def _many_components(kinds):
+    row = {"components": FC_COMPONENTS, "reward": 0.634, "tool_calls_per_episode": 1.27,
+           "generated_tokens": 143.2, "episodes": 100}  # fmt: skip
+    return {**row, "by_kind": {kind: dict(row) for kind in kinds},
+            "tokens_per_s": 41.3, "generation_s": 120.4, "env_s": 3.2, "wall_s": 130.0}  # fmt: skip
+
+
+def test_metrics_table_with_many_components_is_transposed_never_cut():
+    kinds = ("simple", "multiple", "parallel", "parallel_multiple")
+    lines = _render(metrics_table(_many_components(kinds), title="fc on 100 held-out tasks"))
+    _assert_fits(lines)  # rich would have cut every header: "rewa…", "con… ans…"
+    for name in ("reward", *FC_COMPONENTS, "tool calls/ep", "tokens / ep"):
+        assert any(line.split("│")[0].strip() == name for line in lines), name  # one row per metric, whole
+    header = " ".join(lines[:4])
+    assert all(word in header for word in ("all", "simple", "multiple", "parallel"))
+    assert " contains_answer │  0.40 │   0.40 │     0.40 │     0.40 │     0.40 " in lines
+
+
+def test_metrics_table_with_many_kinds_splits_them_over_tables_that_fit():
+    kinds = [f"kind_number_{i}" for i in range(9)]
+    lines = _render(metrics_table(_many_components(kinds), title="fc"))
+    _assert_fits(lines)
+    assert any("fc (continued)" in line for line in lines)
+    assert sum(line.split("│")[0].strip() == "contains_answer" for line in lines) == 2
+    headers = " ".join(line for line in lines if line.startswith(" " * 17 + "┃")).replace("┃", " ").split()
+    assert sorted(word for word in headers if word.isdigit()) == [str(i) for i in range(9)]  # each kind once
+
+
+def test_a_wide_terminal_keeps_the_table_by_kind():
+    table = metrics_table(_many_components(("simple", "multiple")), width=200)
+    assert [column.header for column in table.columns][:3] == ["tasks", "reward", "arguments"]
+
+
 def test_tables_show_any_environment_s_own_reward_components():
     """A math environment's components (no searches): each is a row of the demo table and
     a column of the eval table; the per-kind section shows rewards, no search rows."""

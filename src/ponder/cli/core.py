@@ -53,7 +53,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with item_progress("episodes", recipe.eval.episodes * recipe.rollout.group_size) as advance:
         result = evaluate(recipe, on_episode_done=advance)
     save_result(result, recipe, claim_run_dir(out, args.overwrite))
-    _console().print(metrics_table(result.metrics, title=f"{recipe.model.name} on {len(result.tasks)} held-out tasks"))
+    table = _console()
+    title = f"{recipe.model.name} on {len(result.tasks)} held-out tasks"
+    table.print(metrics_table(result.metrics, title=title, width=table.width))  # transposed when too wide
     console.print(f"wrote {out / 'trajectories.parquet'} and {out / 'metrics.json'}")
     return 0
 

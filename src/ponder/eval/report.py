@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 # (header, metric key, format) after the reward components; headers on two lines
@@ -18,30 +20,80 @@ COLUMNS = [
 LEGACY_COMPONENTS = ("em", "f1", "format")
 
 
-def metrics_table(metrics: dict[str, Any], title: str = "evaluation") -> Table:
+def metrics_table(metrics: dict[str, Any], title: str = "evaluation", width: int = 80) -> RenderableType:
     """One row for all episodes, one per task kind: the reward, each reward component
-    the environment scored, tool calls and tokens; generation speed in the caption."""
+    the environment scored, tool calls and tokens; generation speed in the caption.
+
+    When that is wider than `width` (many reward components: rich would cut every
+    header to "rewa…"), it is transposed: one row per metric, one column per task kind,
+    the kinds split over as many tables as it takes to fit. Nothing is ever cut: a cell
+    too long for its column folds onto the next line."""
     components = sorted(_components(metrics))
+    table = _by_kind_table(metrics, components, title)
+    if _natural_width(table) <= width:
+        return table
+    return _transposed(metrics, components, title, width)
+
+
+def _by_kind_table(metrics: dict[str, Any], components: list[str], title: str) -> Table:
     # No outer border: two columns more for task kinds at 80 columns.
-    table = Table(title=title, show_edge=False)
+    table = Table(title=title, show_edge=False, caption=_caption(metrics))
     table.add_column("tasks", overflow="fold")  # a long kind wraps, never "single_…"
-    table.add_column("reward", justify="right")
+    table.add_column("reward", justify="right", overflow="fold")
     for name in components:
-        table.add_column(name.replace("_", "\n", 1), justify="right")
+        table.add_column(name.replace("_", "\n", 1), justify="right", overflow="fold")
     for header, _, _ in COLUMNS:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", overflow="fold")
     table.add_row("all", *_cells(metrics, components), style="bold")
     for kind, row in metrics.get("by_kind", {}).items():
         table.add_row(kind, *_cells(row, components))
-    if "tokens_per_s" in metrics:
-        table.caption = (
-            f"n: episodes · {metrics['tokens_per_s']:.1f} generated tokens/s\n"
-            f"generation {metrics['generation_s']:.1f} s · tools {metrics['env_s']:.1f} s"
-            f" · wall {metrics['wall_s']:.1f} s"
-        )
-    else:
-        table.caption = "n: episodes"
     return table
+
+
+def _transposed(metrics: dict[str, Any], components: list[str], title: str, width: int) -> RenderableType:
+    """Metrics down, task kinds across, in as few tables of at most `width` columns as fit."""
+    rows = {"all": metrics, **metrics.get("by_kind", {})}
+    labels = ["reward", *components, *(header.replace("\n", " ") for header, _, _ in COLUMNS)]
+    cells = {kind: _cells(row, components) for kind, row in rows.items()}
+    chunks: list[list[str]] = [[]]
+    for kind in rows:
+        if chunks[-1] and _natural_width(_metric_table(labels, cells, [*chunks[-1], kind], "", None)) > width:
+            chunks.append([])
+        chunks[-1].append(kind)
+    tables = []
+    for number, kinds in enumerate(chunks):
+        heading = title if number == 0 else f"{title} (continued)"
+        caption = _caption(metrics) if number == len(chunks) - 1 else None
+        tables.append(_metric_table(labels, cells, kinds, heading, caption))
+    spaced: list[RenderableType] = []
+    for table in tables:
+        spaced += [table] if not spaced else ["", table]
+    return spaced[0] if len(spaced) == 1 else Group(*spaced)
+
+
+def _metric_table(labels: list[str], cells: dict[str, list[str]], kinds: list[str], title: str,
+                  caption: str | None) -> Table:  # fmt: skip
+    table = Table(title=title or None, show_edge=False, caption=caption)
+    table.add_column("", overflow="fold")
+    for kind in kinds:
+        table.add_column(kind.replace("_", "\n"), justify="right", overflow="fold", style="bold" * (kind == "all"))
+    for index, label in enumerate(labels):
+        table.add_row(label, *(cells[kind][index] for kind in kinds))
+    return table
+
+
+def _natural_width(table: Table) -> int:
+    """The columns `table` takes when nothing has to wrap."""
+    console = Console(width=10_000, file=io.StringIO())
+    return console.measure(table).maximum
+
+
+def _caption(metrics: dict[str, Any]) -> str:
+    if "tokens_per_s" not in metrics:
+        return "n: episodes"
+    return (f"n: episodes · {metrics['tokens_per_s']:.1f} generated tokens/s\n"
+            f"generation {metrics['generation_s']:.1f} s · tools {metrics['env_s']:.1f} s"
+            f" · wall {metrics['wall_s']:.1f} s")  # fmt: skip
 
 
 def _components(row: dict[str, Any]) -> dict[str, Any]:
