@@ -28,7 +28,7 @@ def test_a_reloaded_definition_is_the_same_entry():
     reg: Registry = Registry("thing")
     reg.add("d", double)
     namespace: dict = {"__name__": __name__}
-    exec("def double(x):\n    return x + x\n", namespace)  # the module's source run again
+    exec("def double(x):\n    return x + x\n", namespace)  # noqa: S102 (the module's source run again)
     reg.add("d", namespace["double"])
     assert reg.get("d") is namespace["double"]
     with pytest.raises(ValueError, match="already registered"):  # two lambdas are two definitions

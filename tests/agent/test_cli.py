@@ -49,7 +49,7 @@ def test_run_agent_interrupt_and_resume(capsys, tmp_path):
 def test_run_agent_bad_input_is_one_line_with_exit_2(capsys, tmp_path):
     code, out, err = run_cli(capsys, ["run-agent", "--task", "x", "--tools", "calculator,teleport", "--model", "tiny"])
     assert code == 2 and out == ""
-    assert err.strip() == "ponder run-agent: error: unknown tool teleport (built-in tools: calculator, echo, python, read_file, search, rag)"
+    assert err.strip() == "ponder run-agent: error: unknown built-in tool 'teleport'; valid: calculator, echo, python, rag, read_file, search"
     code, _, err = run_cli(capsys, ["run-agent", "--task", "x", "--model", "tiny", "max_turns=0"])
     assert code == 2 and "max_turns must be >= 1" in err
     (tmp_path / "bad.json").write_text("{nope")

@@ -93,7 +93,7 @@ def test_inline_conversion_gives_back_the_engines_ids_and_mask(tokenizer):
 
 
 def test_unknown_style_lists_the_valid_ones(tokenizer):
-    with pytest.raises(ValueError, match="unknown tool style 'chatml'; valid: inline, hermes, template"):
+    with pytest.raises(ValueError, match="^unknown tool style 'chatml'; valid: hermes, inline, template$"):
         ChatFormatter(tokenizer, "chatml")
 
 

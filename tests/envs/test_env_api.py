@@ -50,7 +50,7 @@ def test_an_env_that_raises_ends_its_episode_not_the_run():
 
 def test_env_kind_resolves_names_and_import_paths(tmp_path, monkeypatch):
     assert resolve_env("search_qa").__name__ == "build_search_qa"
-    with pytest.raises(ValueError, match=r"env.kind: unknown 'serach_qa'; registered: .*search_qa"):
+    with pytest.raises(ValueError, match=r"^env.kind: unknown environment 'serach_qa'; valid: .*search_qa.*, or 'module:attribute'$"):
         resolve_env("serach_qa")
     with pytest.raises(ValueError, match=r"env.kind 'no_such_pkg.envs:Env': cannot import no_such_pkg.envs"):
         resolve_env("no_such_pkg.envs:Env")

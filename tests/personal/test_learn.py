@@ -85,6 +85,6 @@ def test_update_settings_are_checked():
         PersonalConfig(steps=0)
     with pytest.raises(ValueError, match="unknown update setting 'stepz'"):
         FAST.with_overrides({"stepz": 3})
-    with pytest.raises(ValueError, match="loss 'x': use one of sigmoid, hinge, ipo"):
+    with pytest.raises(ValueError, match="^loss: unknown preference loss 'x'; valid: hinge, ipo, sigmoid$"):
         FAST.with_overrides({"loss": "x"})
     assert FAST.with_overrides({"steps": 3}).steps == 3

@@ -54,7 +54,7 @@ def test_missing_vllm_venv_and_unknown_backend_are_one_line_errors(tmp_path):
     with pytest.raises(BackendError, match=r"rollout.vllm_python .*nowhere/python: not found; run `make vllm-venv`"):
         build_backend(policy, recipe)
     recipe.rollout.backend = "sglang"
-    with pytest.raises(ValueError, match=r"rollout.backend: unknown 'sglang'; valid: hf, vllm"):
+    with pytest.raises(ValueError, match=r"^rollout.backend: unknown generation backend 'sglang'; valid: hf, vllm$"):
         build_backend(policy, recipe)
 
 

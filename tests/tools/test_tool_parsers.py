@@ -23,7 +23,7 @@ def test_get_parser_by_name_and_unknown_name():
     assert isinstance(get_parser("react"), ReActParser)
     assert isinstance(get_parser("search_r1"), SearchR1Parser)
     assert sorted(PARSERS) == ["hermes", "react", "search_r1"]
-    with pytest.raises(ValueError, match="unknown parser 'json'; valid names: hermes, react, search_r1"):
+    with pytest.raises(ValueError, match="^unknown parser 'json'; valid: hermes, react, search_r1$"):
         get_parser("json")
 
 

@@ -52,7 +52,7 @@ def test_built_scheduler_applies_the_factors_to_the_peak_lr():
 
 def test_unknown_schedule_lists_the_valid_names():
     param = torch.nn.Parameter(torch.zeros(1))
-    with pytest.raises(ValueError, match="cosin'.*valid: constant, linear, cosine"):
+    with pytest.raises(ValueError, match="^unknown LR schedule 'cosin'; valid: constant, cosine, linear$"):
         build_optimizer([param], OptimConfig(schedule="cosin"), 10)
 
 

@@ -643,5 +643,5 @@ def test_a_resumed_run_keeps_its_starting_reference(tmp_path):
 
 
 def test_unknown_kl_reference_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="algo.kl_reference: unknown 'sft'; valid: start, base"):
+    with pytest.raises(ValueError, match="^algo.kl_reference: unknown kl reference 'sft'; valid: base, start$"):
         rl_trainer(recipe("algo.kl_reference=sft"), tmp_path)

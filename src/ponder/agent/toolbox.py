@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-BUILTIN_TOOLS = ("calculator", "echo", "python", "read_file", "search", "rag")
+from ponder.registry import Registry
+
+#: name -> builder(options) -> tool (a ponder Tool), for `--tools NAME,…`
+BUILTIN_TOOLS: Registry[Callable[[ToolboxOptions], Any]] = Registry("built-in tool")
 
 
 @dataclass
@@ -26,31 +30,44 @@ class ToolboxOptions:
 
 
 def build_tools(names: list[str], options: ToolboxOptions) -> list[Any]:
-    """The tools called `names`; ValueError naming what is unknown or missing."""
-    from ponder.tools import builtin
-
-    unknown = [n for n in names if n not in BUILTIN_TOOLS]
-    if unknown:
-        raise ValueError(f"unknown tool {', '.join(unknown)} (built-in tools: {', '.join(BUILTIN_TOOLS)})")
-    tools: list[Any] = []
-    for name in dict.fromkeys(names):
-        if name == "calculator":
-            tools.append(builtin.calculator)
-        elif name == "echo":
-            tools.append(builtin.echo)
-        elif name == "python":
-            tools.append(builtin.make_python_tool(options.python_timeout_s, options.python_memory_mb))
-        elif name == "read_file":
-            if not options.files_root:
-                raise ValueError("tool read_file needs --files-root DIR (the folder it may read)")
-            tools.append(builtin.make_read_file_tool(options.files_root))
-        elif name == "search":
-            tools.append(_corpus_search(options))
-        else:
-            tools.append(_rag_search(options))
-    return tools
+    """The tools called `names` (each once, in order); ValueError naming the first
+    unknown one (before any is built) or a missing option."""
+    for name in names:
+        BUILTIN_TOOLS.check(name)
+    return [BUILTIN_TOOLS.get(name)(options) for name in dict.fromkeys(names)]
 
 
+@BUILTIN_TOOLS.register("calculator")
+def _calculator(options: ToolboxOptions) -> Any:
+    from ponder.tools.builtin import calculator
+
+    return calculator
+
+
+@BUILTIN_TOOLS.register("echo")
+def _echo(options: ToolboxOptions) -> Any:
+    from ponder.tools.builtin import echo
+
+    return echo
+
+
+@BUILTIN_TOOLS.register("python")
+def _python(options: ToolboxOptions) -> Any:
+    from ponder.tools.builtin import make_python_tool
+
+    return make_python_tool(options.python_timeout_s, options.python_memory_mb)
+
+
+@BUILTIN_TOOLS.register("read_file")
+def _read_file(options: ToolboxOptions) -> Any:
+    from ponder.tools.builtin import make_read_file_tool
+
+    if not options.files_root:
+        raise ValueError("tool read_file needs --files-root DIR (the folder it may read)")
+    return make_read_file_tool(options.files_root)
+
+
+@BUILTIN_TOOLS.register("search")
 def _corpus_search(options: ToolboxOptions) -> Any:
     from ponder.tools.builtin import make_corpus_search_tool
     from ponder.tools.retrieval import BM25Retriever, load_corpus
@@ -60,6 +77,7 @@ def _corpus_search(options: ToolboxOptions) -> Any:
     return make_corpus_search_tool(BM25Retriever(load_corpus(options.corpus)))
 
 
+@BUILTIN_TOOLS.register("rag")
 def _rag_search(options: ToolboxOptions) -> Any:
     from ponder.agent.rag import RagIndex
 

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ponder.registry import Registry
 from ponder.algos.utils import masked_sum, masked_whiten
+from ponder.registry import Registry
 
 
 @dataclass
@@ -84,7 +84,8 @@ class AdvantageConfig:
 
 
 Estimator = Callable[[AdvantageInput, AdvantageConfig, dict[str, Any]], tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGES: Registry[Estimator] = Registry("advantage estimator")
+#: trait `needs_values`: the estimator reads AdvantageInput.values (the trainer adds a value head)
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", {"needs_values": False})
 
 
 def group_index(group_ids: list[str]) -> torch.Tensor:
@@ -312,7 +313,7 @@ def grpo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     return _broadcast(advantages, inp), _broadcast(rewards, inp)
 
 
-@ADVANTAGES.register("gae")
+@ADVANTAGES.register("gae", needs_values=True)
 @torch.no_grad()
 def gae_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, Any]):
     """PPO's GAE: the episode reward sits on the last policy token (plus token_rewards,

@@ -20,10 +20,12 @@ import torch
 from ponder.registry import Registry
 
 Curriculum = Callable[[torch.Tensor, float], torch.Tensor]
-CURRICULA: Registry[Curriculum] = Registry("curriculum")
+#: trait `adaptive`: the shares follow the signal (False: the sampler draws plain
+#: shuffled, optionally stratified, epochs instead of a curriculum over kinds)
+CURRICULA: Registry[Curriculum] = Registry("curriculum", {"adaptive": True})
 
 
-@CURRICULA.register("none")
+@CURRICULA.register("none", adaptive=False)
 def uniform_shares(signal: torch.Tensor, floor: float) -> torch.Tensor:
     """[K] shares, all 1/K: every kind alike, whatever its signal."""
     return torch.full_like(signal, 1.0 / len(signal))

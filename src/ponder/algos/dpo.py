@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ponder.registry import Registry
 from ponder.algos.utils import masked_mean, masked_sum
+from ponder.registry import Registry
 
 PreferenceLoss = Callable[[torch.Tensor, float, float], torch.Tensor]
-PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss")
+#: trait `average_logprobs`: the loss is defined on token-mean sequence log-probs, not sums
+PREFERENCE_LOSSES: Registry[PreferenceLoss] = Registry("preference loss", {"average_logprobs": False})
 
 
 @PREFERENCE_LOSSES.register("sigmoid")
@@ -39,7 +40,7 @@ def hinge_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) 
     return torch.relu(1 - beta * margin)
 
 
-@PREFERENCE_LOSSES.register("ipo")
+@PREFERENCE_LOSSES.register("ipo", average_logprobs=True)
 def ipo_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
     """IPO (Azar 2023): (m − 1/(2β))², with β as τ; use token-mean log-probs. [B] -> [B]."""
     return (margin - 1 / (2 * beta)) ** 2

@@ -18,8 +18,11 @@ from ponder.registry import Registry
 
 KL_ESTIMATORS: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("kl estimator")
 
-#: what algo.kl_reference may name: the policy as the RL run began, or the base model
-KL_REFERENCES = ("start", "base")
+#: what algo.kl_reference may name (entries: what the reference is); trait `snapshot`:
+#: the trainer keeps a copy of the trainable weights as the run began to score it with
+KL_REFERENCES: Registry[str] = Registry("kl reference", {"snapshot": False})
+KL_REFERENCES.add("start", "the policy as this RL run began", snapshot=True)
+KL_REFERENCES.add("base", "the base model (adapters disabled)")
 
 #: verl's k3 clamps: the log-ratio to ±20 before exp, the estimate to ≤ 10.
 K3_LOG_RATIO_CLAMP = 20.0

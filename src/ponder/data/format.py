@@ -19,13 +19,17 @@ Styles:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ponder.data.records import Conversation, call_arguments, call_name
+from ponder.registry import Registry
 from ponder.types import Trajectory
 
-STYLES = ("inline", "hermes", "template")
+#: data.tool_style -> the renderer (formatter, conversation) -> [(text, trainable)]
+#: (registered below, after ChatFormatter's methods it names)
+STYLES: Registry[Callable[[Any, Conversation], list[tuple[str, bool]]]] = Registry("tool style")
 HERMES_SYSTEM = (
     "You are a function calling AI model. You are provided with function signatures within "
     "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
@@ -62,14 +66,12 @@ class ChatFormatter:
     """Renders conversations for one tokenizer in one style (see the module docstring)."""
 
     def __init__(self, tokenizer: Any, style: str = "hermes") -> None:
-        if style not in STYLES:
-            raise ValueError(f"unknown tool style '{style}'; valid: {', '.join(STYLES)}")
+        STYLES.check(style)
         self.tokenizer = tokenizer
         self.style = style
 
     def __call__(self, conversation: Conversation) -> TokenizedExample:
-        render = {"inline": self._inline, "hermes": self._hermes, "template": self._template}[self.style]
-        segments = render(conversation)
+        segments = STYLES.get(self.style)(self, conversation)
         ids: list[int] = []
         mask: list[int] = []
         for text, trainable in segments:
@@ -147,6 +149,11 @@ class ChatFormatter:
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=generation_prompt, **options
         )
+
+
+STYLES.add("inline", ChatFormatter._inline)
+STYLES.add("hermes", ChatFormatter._hermes)
+STYLES.add("template", ChatFormatter._template)
 
 
 def _suffix(text: str, prefix: str) -> str:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ponder.plugins import import_object
+from ponder.registry import Registry
 from ponder.types import Task, ToolSpec, Trajectory
 
 RewardFn = Callable[[Trajectory, Task], Any]
@@ -115,26 +116,22 @@ class EnvSpec:
 
 
 EnvBuilder = Callable[[EnvContext], EnvSpec]
-ENVS: dict[str, EnvBuilder] = {}
+ENVS: Registry[EnvBuilder] = Registry("environment")
 
 
 def register_env(name: str) -> Callable[[EnvBuilder], EnvBuilder]:
-    """Decorator: make `builder` available to recipes as `env.kind: name`."""
-
-    def add(builder: EnvBuilder) -> EnvBuilder:
-        ENVS[name] = builder
-        return builder
-
-    return add
+    """Decorator: make `builder` available to recipes as `env.kind: name` (a name
+    already taken by another builder is refused)."""
+    return ENVS.register(name)
 
 
 def resolve_env(kind: str) -> EnvBuilder:
     """The builder a recipe's env.kind names (registered name or import path)."""
     _load_builtin_envs()
     if kind in ENVS:
-        return ENVS[kind]
+        return ENVS.get(kind)
     if ":" not in kind:
-        raise ValueError(f"env.kind: unknown '{kind}'; registered: {', '.join(sorted(ENVS))}, or 'module:attribute'")
+        raise ENVS.error(kind, "env.kind", also="'module:attribute'")
     target = import_object(kind, "env.kind")
     if isinstance(target, type):
         return _class_builder(target)

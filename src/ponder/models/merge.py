@@ -22,11 +22,21 @@ Nothing here knows about models or files; models/merging.py applies these to wei
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-METHODS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties")
+from ponder.registry import Registry
+
+#: merge_method -> merge(deltas, weights, density, drop_rate, generator) -> task vector.
+#: Traits for merging LoRA adapters with PEFT (models/merging.py): `peft`, its
+#: combination_type; `normalizes`, whether the weights are divided by their sum;
+#: `drops`, whether PEFT's density is 1 − drop_rate (DARE) rather than `density`.
+#: linear and task arithmetic use `cat` (the adapters side by side: exactly Σ wᵢ BᵢAᵢ);
+#: PEFT's own `linear` averages the A and B factors separately, not a sum of updates.
+METHODS: Registry[Callable[..., torch.Tensor]] = Registry(
+    "merge method", {"peft": "cat", "normalizes": False, "drops": False}
+)
 
 
 def _check(deltas: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
@@ -121,13 +131,35 @@ def merge_deltas(
     drop_rate: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """One weight's merged task vector by `method` (one of METHODS)."""
-    if method == "linear":
-        return linear(deltas, weights, normalize=True)
-    if method == "task_arithmetic":
-        return linear(deltas, weights)
-    if method == "ties":
-        return ties(deltas, weights, density)
-    if method in ("dare_linear", "dare_ties"):
-        return dare(deltas, weights, drop_rate, generator, sign_election=method == "dare_ties")
-    raise ValueError(f"unknown merge method {method!r} (valid: {', '.join(METHODS)})")
+    """One weight's merged task vector by `method` (a name in METHODS)."""
+    return METHODS.get(method)(deltas, weights, density, drop_rate, generator)
+
+
+@METHODS.register("linear", normalizes=True)
+def _linear(deltas: Sequence[torch.Tensor], weights: Sequence[float], density: float, drop_rate: float,
+            generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    return linear(deltas, weights, normalize=True)
+
+
+@METHODS.register("task_arithmetic")
+def _task_arithmetic(deltas: Sequence[torch.Tensor], weights: Sequence[float], density: float, drop_rate: float,
+                     generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    return linear(deltas, weights)
+
+
+@METHODS.register("ties", peft="ties")
+def _ties(deltas: Sequence[torch.Tensor], weights: Sequence[float], density: float, drop_rate: float,
+          generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    return ties(deltas, weights, density)
+
+
+@METHODS.register("dare_linear", peft="dare_linear", drops=True)
+def _dare_linear(deltas: Sequence[torch.Tensor], weights: Sequence[float], density: float, drop_rate: float,
+                 generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    return dare(deltas, weights, drop_rate, generator, sign_election=False)
+
+
+@METHODS.register("dare_ties", peft="dare_ties", drops=True)
+def _dare_ties(deltas: Sequence[torch.Tensor], weights: Sequence[float], density: float, drop_rate: float,
+               generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    return dare(deltas, weights, drop_rate, generator, sign_election=True)

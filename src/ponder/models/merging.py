@@ -40,12 +40,6 @@ from ponder.models.adapters import MANIFEST, find_trained, read_manifest
 from ponder.models.loading import Policy, load_policy
 from ponder.models.merge import METHODS, merge_deltas
 
-# merge method → PEFT add_weighted_adapter combination_type. linear and task
-# arithmetic use `cat` (the adapters side by side: exactly Σ wᵢ BᵢAᵢ); PEFT's own
-# `linear` averages the A and B factors separately, which is not a sum of updates.
-PEFT_COMBINATION = {"linear": "cat", "task_arithmetic": "cat", "ties": "ties",
-                    "dare_linear": "dare_linear", "dare_ties": "dare_ties"}  # fmt: skip
-
 
 @dataclass
 class MergeParameters:
@@ -205,10 +199,10 @@ def _merge_lora(
         model.load_adapter(str(directory), adapter_name=name)
     params = config.parameters
     weights = [s.weight * params.scale for s in sources]
-    if config.merge_method == "linear":
+    if METHODS.trait(config.merge_method, "normalizes"):
         weights = [w / sum(s.weight for s in sources) for w in weights]
-    combination = PEFT_COMBINATION[config.merge_method]
-    density = params.density if config.merge_method == "ties" else 1 - params.drop_rate
+    combination = METHODS.trait(config.merge_method, "peft")
+    density = 1 - params.drop_rate if METHODS.trait(config.merge_method, "drops") else params.density
     extra: dict[str, Any] = {}
     if params.svd_rank is not None and combination != "cat":
         combination, extra = f"{combination}_svd", {"svd_rank": params.svd_rank}

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-LOSSES = ("sigmoid", "hinge", "ipo")
-
 
 @dataclass(frozen=True)
 class PersonalConfig:
@@ -24,7 +22,7 @@ class PersonalConfig:
     beta: DPO's inverse temperature, the strength of the KL anchor: the reference is the
         base with adapters disabled, so a larger beta keeps the user's model closer to
         the base for the same preference margin.
-    loss: preference loss, `sigmoid` (DPO), `hinge` or `ipo` (algos/dpo.py).
+    loss: a preference loss of algos/dpo.py: `sigmoid` (DPO), `hinge` or `ipo`.
     rpo_alpha: weight of the chosen reply's per-token NLL added to the loss (RPO),
         so the reply the user wrote is learnt, not only preferred; 0 = plain DPO. With
         1, three simulated users each reached >= 90% after 8 interactions, against
@@ -61,8 +59,9 @@ class PersonalConfig:
         alpha = self.rpo_alpha
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
             raise ValueError(f"rpo_alpha must be a number >= 0, got {alpha!r}")
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss {self.loss!r}: use one of {', '.join(LOSSES)}")
+        from ponder.algos.dpo import PREFERENCE_LOSSES
+
+        PREFERENCE_LOSSES.check(self.loss, "loss")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 

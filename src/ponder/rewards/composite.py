@@ -7,6 +7,7 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ponder.registry import Registry
 from ponder.rewards.format import format_compliance
 from ponder.rewards.qa import exact_match, token_f1
 from ponder.rewards.search import plan_kept, search_calls, search_calls_excess, search_calls_if_correct
@@ -22,7 +23,8 @@ def turn_rewards_total(trajectory: Trajectory, task: Task) -> float | None:
     return float(sum(given)) if given else None
 
 
-REWARDS: dict[str, RewardFn] = {
+REWARDS: Registry[RewardFn] = Registry("reward component")
+for _name, _fn in {
     "em": exact_match,
     "f1": token_f1,
     "format": format_compliance,
@@ -31,18 +33,16 @@ REWARDS: dict[str, RewardFn] = {
     "search_cost_excess": search_calls_excess,
     "plan_kept": plan_kept,
     "turn_rewards": turn_rewards_total,
-}
+}.items():
+    REWARDS.add(_name, _fn)
+del _name, _fn
 SEARCH_QA_COMPONENTS = ("em", "f1", "format", "search_cost")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: make a (trajectory, task) -> float | None callable a reward component."""
-
-    def add(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = fn
-        return fn
-
-    return add
+    """Decorator: make a (trajectory, task) -> float | None callable a reward component
+    (a name already taken by another callable is refused)."""
+    return REWARDS.register(name)
 
 
 class RewardError(ValueError):
@@ -109,7 +109,7 @@ def _component(name: str, components: Mapping[str, RewardFn]) -> RewardFn:
     if name in components:
         return components[name]
     if name in REWARDS:
-        return REWARDS[name]
+        return REWARDS.get(name)
     if ":" in name:
         from ponder.plugins import import_object
 

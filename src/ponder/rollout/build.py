@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ponder.config import Recipe, SamplingConfig
 from ponder.models import Policy
+from ponder.registry import Registry
 from ponder.rollout.hf import HFBackend
 
-BACKENDS = ("hf", "vllm")
+#: rollout.backend -> builder(policy, recipe, sampling, seed) -> backend
+BACKENDS: Registry[Callable[[Policy, Recipe, SamplingConfig, int], Any]] = Registry("generation backend")
 
 
 def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | None = None, seed: int | None = None) -> Any:
@@ -16,11 +19,16 @@ def build_backend(policy: Policy, recipe: Recipe, sampling: SamplingConfig | Non
     decoder or transformers) or `vllm` (a vLLM server; rollout/vllm.py)."""
     sampling = sampling or recipe.rollout.sampling
     seed = recipe.train.seed if seed is None else seed
-    kind = recipe.rollout.backend
-    if kind == "vllm":
-        from ponder.rollout.vllm import VLLMBackend
+    return BACKENDS.get(recipe.rollout.backend, "rollout.backend")(policy, recipe, sampling, seed)
 
-        return VLLMBackend(policy, recipe.rollout, sampling, seed=seed)
-    if kind != "hf":
-        raise ValueError(f"rollout.backend: unknown '{kind}'; valid: {', '.join(BACKENDS)}")
+
+@BACKENDS.register("hf")
+def _hf(policy: Policy, recipe: Recipe, sampling: SamplingConfig, seed: int) -> Any:
     return HFBackend(policy, sampling, seed=seed)
+
+
+@BACKENDS.register("vllm")
+def _vllm(policy: Policy, recipe: Recipe, sampling: SamplingConfig, seed: int) -> Any:
+    from ponder.rollout.vllm import VLLMBackend
+
+    return VLLMBackend(policy, recipe.rollout, sampling, seed=seed)

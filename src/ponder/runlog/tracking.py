@@ -12,16 +12,22 @@ uploads them later, by hand): a training run never opens a network connection.
 
 from __future__ import annotations
 
+import importlib
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from ponder.registry import Registry
+
 TENSORBOARD_DIR = "tb"
 WANDB_DIR = "wandb"
 WANDB_ID_FILE = "wandb-run-id"  # in WANDB_DIR: a resumed run keeps its wandb id
-TRACKERS = ("tensorboard", "wandb")
+#: tracking.trackers -> builder(run_dir, resume_step, project, config) -> Tracker;
+#: trait `package`: the module it imports (checked before a run, not at its first log line)
+TRACKERS: Registry[Callable[[Path, int | None, str, dict[str, Any]], Any]] = Registry("tracker", {"package": None})
 # A sampled episode's response in a tracker's table is cut to this many characters:
 # a table is for reading a few at a glance; the trajectories hold them whole.
 MAX_CELL_CHARS = 2000
@@ -43,13 +49,15 @@ def check_trackers(names: Sequence[str]) -> None:
     """Raise ValueError for an unknown tracker name, or for `wandb` when the package
     is missing (before a run starts, not at its first log line)."""
     for name in names:
-        if name not in TRACKERS:
-            raise ValueError(f"tracking.trackers: unknown tracker {name!r}; valid: {', '.join(TRACKERS)}")
-    if "wandb" in names:
+        TRACKERS.check(name, "tracking.trackers")
+    for name in dict.fromkeys(names):
+        package = TRACKERS.trait(name, "package")
+        if package is None:
+            continue
         try:
-            import wandb  # noqa: F401
+            importlib.import_module(package)
         except ImportError:
-            raise ValueError("tracking.trackers names wandb, which is not installed: pip install wandb") from None
+            raise ValueError(f"tracking.trackers names {name}, which is not installed: pip install {package}") from None
 
 
 def build_trackers(
@@ -59,13 +67,8 @@ def build_trackers(
     """The trackers `names` asks for, writing under `run_dir`. `resume_step`: the
     checkpoint a resumed run continues from (TensorBoard hides later events)."""
     check_trackers(names)
-    trackers: list[Tracker] = []
-    for name in dict.fromkeys(names):  # a name given twice is one tracker
-        if name == "tensorboard":
-            trackers.append(TensorBoardTracker(run_dir / TENSORBOARD_DIR, resume_step))
-        else:
-            trackers.append(WandbTracker(run_dir / WANDB_DIR, project, config or {}))
-    return trackers
+    # a name given twice is one tracker
+    return [TRACKERS.get(name)(run_dir, resume_step, project, config or {}) for name in dict.fromkeys(names)]
 
 
 class TensorBoardTracker:
@@ -148,3 +151,13 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     lines = ["| " + " | ".join(cell(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+@TRACKERS.register("tensorboard")
+def _tensorboard(run_dir: Path, resume_step: int | None, project: str, config: dict[str, Any]) -> Tracker:
+    return TensorBoardTracker(run_dir / TENSORBOARD_DIR, resume_step)
+
+
+@TRACKERS.register("wandb", package="wandb")
+def _wandb(run_dir: Path, resume_step: int | None, project: str, config: dict[str, Any]) -> Tracker:
+    return WandbTracker(run_dir / WANDB_DIR, project, config)

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ponder.registry import Registry
 from ponder.tools.limits import check_json_value, encodable
 from ponder.tools.safety.escape import REACT_KEYWORDS, render_result_text
 from ponder.types import ToolCall, ToolResult, ToolSpec
@@ -382,15 +383,12 @@ def _think_blocks(text: str) -> list[str]:
     return blocks
 
 
-PARSERS: dict[str, type] = {
-    HermesParser.name: HermesParser,
-    ReActParser.name: ReActParser,
-    SearchR1Parser.name: SearchR1Parser,
-}
+PARSERS: Registry[type] = Registry("parser")
+for _parser in (HermesParser, ReActParser, SearchR1Parser):
+    PARSERS.add(_parser.name, _parser)
+del _parser
 
 
 def get_parser(name: str, **options: Any) -> Parser:
     """A parser by name; `options` go to its constructor (e.g. ReAct's `specs`)."""
-    if name not in PARSERS:
-        raise ValueError(f"unknown parser {name!r}; valid names: {', '.join(sorted(PARSERS))}")
-    return PARSERS[name](**options)
+    return PARSERS.get(name)(**options)

@@ -137,7 +137,7 @@ class DPOTrainer:
         PREFERENCE_LOSSES.get(cfg.loss)  # an unknown name fails before any work
         self.policy, self.pairs, self.cfg, self.run_dir = policy, pairs, cfg, Path(run_dir)
         self.loss_cfg = PreferenceLossConfig(cfg.loss, cfg.beta, cfg.label_smoothing, cfg.reference_free)
-        self.average = cfg.loss == "ipo"  # IPO is defined on token-mean log-probs
+        self.average = PREFERENCE_LOSSES.trait(cfg.loss, "average_logprobs")  # IPO: token-mean log-probs
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         optim = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine")
         self.optimizer, self.scheduler = build_optimizer(self.params, optim, max(1, cfg.steps))

@@ -3,31 +3,44 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from ponder.config import OptimConfig
+from ponder.registry import Registry
 
-SCHEDULES = ("constant", "linear", "cosine")
+#: optim.schedule -> the LR multiplier after warm-up, as a function of progress in [0, 1]
+SCHEDULES: Registry[Callable[[float], float]] = Registry("LR schedule")
+
+
+@SCHEDULES.register("constant")
+def constant_schedule(progress: float) -> float:
+    return 1.0
+
+
+@SCHEDULES.register("linear")
+def linear_schedule(progress: float) -> float:
+    return 1.0 - progress
+
+
+@SCHEDULES.register("cosine")
+def cosine_schedule(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
     """Multiplier of the peak LR at optimizer step `step` (0-based)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return SCHEDULES.get(schedule)(progress)
 
 
 def build_optimizer(
     params: list[torch.nn.Parameter], config: OptimConfig, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    if config.schedule not in SCHEDULES:
-        raise ValueError(f"unknown LR schedule '{config.schedule}'; valid: {', '.join(SCHEDULES)}")
+    SCHEDULES.check(config.schedule)
     if not params:
         raise ValueError("nothing to train: no parameter requires grad")
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)

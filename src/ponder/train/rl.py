@@ -158,7 +158,8 @@ class RLTrainer:
         self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
         self.rollouts: Rollouts = LocalRollouts(self.engine)
         hidden = self.policy.model.config.hidden_size
-        self.value_head = ValueHead(hidden).to(self.policy.device) if recipe.algo.advantage == "gae" else None
+        needs_values = ADVANTAGES.trait(recipe.algo.advantage, "needs_values")
+        self.value_head = ValueHead(hidden).to(self.policy.device) if needs_values else None
         self.optimizer, self.scheduler = build_optimizer(self._trainable(), recipe.optim, self._total_updates())
         algo = recipe.algo
         self.kl = (
@@ -168,7 +169,7 @@ class RLTrainer:
         )
         # the weights as this run began (taken before resume() loads a checkpoint, so a
         # resumed run keeps its original reference); None: the base model is the reference
-        starting = algo.kl_coef > 0 and algo.kl_reference == "start"
+        starting = algo.kl_coef > 0 and KL_REFERENCES.trait(algo.kl_reference, "snapshot")
         self.reference_weights = _starting_weights(self.policy.model) if starting else None
         self.advantage_state: dict[str, Any] = {}
         self.hacking = HackingMonitor(recipe.reward.shaping.window)  # trend detectors over steps
@@ -552,8 +553,7 @@ def check_recipe(recipe: Recipe) -> None:
     check_matmul_dtype(recipe.lora.base_matmul_dtype, "lora.base_matmul_dtype")
     if recipe.algo.std_scope not in STD_SCOPES:
         raise ValueError(f"algo.std_scope: unknown '{recipe.algo.std_scope}'; valid: {', '.join(STD_SCOPES)}")
-    if recipe.algo.kl_reference not in KL_REFERENCES:
-        raise ValueError(f"algo.kl_reference: unknown '{recipe.algo.kl_reference}'; valid: {', '.join(KL_REFERENCES)}")
+    KL_REFERENCES.check(recipe.algo.kl_reference, "algo.kl_reference")
     if recipe.train.async_rollouts and recipe.algo.max_staleness < 1:
         raise ValueError("train.async_rollouts samples one step behind the update: it needs algo.max_staleness >= 1, "
                          f"got {recipe.algo.max_staleness}")  # fmt: skip

@@ -135,6 +135,6 @@ class CurriculumSampler:
 def build_sampler(tasks: list[Task], cfg: Any) -> TaskSampler | CurriculumSampler:
     """The recipe's task sampler: a curriculum over kinds when train.curriculum is not
     `none`, else shuffled (optionally stratified) epochs."""
-    if cfg.curriculum == "none":
+    if not CURRICULA.trait(cfg.curriculum, "adaptive"):
         return TaskSampler(tasks, cfg.seed, cfg.stratify, cfg.shuffle)
     return CurriculumSampler(tasks, cfg.seed, cfg.curriculum, cfg.curriculum_floor, cfg.curriculum_momentum)

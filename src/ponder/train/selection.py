@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,14 @@ import torch
 from ponder.data.format import TokenizedExample
 from ponder.data.records import Conversation
 from ponder.models.forward import forward_policy
+from ponder.registry import Registry
 from ponder.train.batch import collate
 
-STRATEGIES = ("none", "random", "loss_topk", "diversity", "hybrid")
+#: selection.strategy -> choose(k, losses, embeddings, seed, loss_share) -> indices; traits:
+#: what it reads (per-example losses, embeddings) and whether it selects at all (`none` keeps all)
+STRATEGIES: Registry[Callable[..., list[int]]] = Registry(
+    "selection strategy", {"needs_losses": False, "needs_embeddings": False, "selects": True}
+)
 
 
 def k_center_greedy(embeddings: np.ndarray, k: int, initial: list[int] | None = None) -> list[int]:
@@ -51,20 +57,40 @@ def select_indices(
     seed: int = 0, loss_share: float = 0.5,
 ) -> list[int]:  # fmt: skip
     """Indices of the k examples a strategy keeps (k ≥ N keeps all, in order)."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown selection strategy '{strategy}'; valid: {', '.join(STRATEGIES)}")
+    choose = STRATEGIES.get(strategy)
     n = len(losses) if losses is not None else len(embeddings) if embeddings is not None else 0
-    if strategy == "none" or k <= 0 or k >= n:
+    if not STRATEGIES.trait(strategy, "selects") or k <= 0 or k >= n:
         return list(range(n))
-    if strategy == "random":
-        return sorted(random.Random(seed).sample(range(n), k))
-    by_loss = sorted(range(n), key=lambda i: (-losses[i], i)) if losses is not None else []
-    if strategy == "loss_topk":
-        return by_loss[:k]
-    if strategy == "diversity":
-        return k_center_greedy(embeddings, k, [int(np.argmax(np.linalg.norm(embeddings, axis=1)))])
-    by_loss_count = max(1, round(loss_share * k))
-    return k_center_greedy(embeddings, k, by_loss[:by_loss_count])
+    return choose(k, losses, embeddings, seed, loss_share)
+
+
+@STRATEGIES.register("none", selects=False)
+def keep_all(k: int, losses: Any, embeddings: Any, seed: int, loss_share: float) -> list[int]:
+    return list(range(len(losses) if losses is not None else len(embeddings)))
+
+
+@STRATEGIES.register("random")
+def random_subset(k: int, losses: Any, embeddings: Any, seed: int, loss_share: float) -> list[int]:
+    return sorted(random.Random(seed).sample(range(len(losses) if losses is not None else len(embeddings)), k))
+
+
+@STRATEGIES.register("loss_topk", needs_losses=True)
+def highest_loss(k: int, losses: Any, embeddings: Any, seed: int, loss_share: float) -> list[int]:
+    return _by_loss(losses)[:k]
+
+
+@STRATEGIES.register("diversity", needs_embeddings=True)
+def most_diverse(k: int, losses: Any, embeddings: Any, seed: int, loss_share: float) -> list[int]:
+    return k_center_greedy(embeddings, k, [int(np.argmax(np.linalg.norm(embeddings, axis=1)))])
+
+
+@STRATEGIES.register("hybrid", needs_losses=True, needs_embeddings=True)
+def loss_then_diverse(k: int, losses: Any, embeddings: Any, seed: int, loss_share: float) -> list[int]:
+    return k_center_greedy(embeddings, k, _by_loss(losses)[: max(1, round(loss_share * k))])
+
+
+def _by_loss(losses: list[float]) -> list[int]:
+    return sorted(range(len(losses)), key=lambda i: (-losses[i], i))
 
 
 @torch.no_grad()
@@ -113,11 +139,11 @@ def select_coreset(
 ) -> tuple[list[int], dict[str, Any]]:
     """Indices kept by cfg (a SelectionConfig) and a report of the per-example metrics."""
     n = len(examples)
-    if cfg.strategy == "none" or cfg.target_size <= 0 or cfg.target_size >= n:
+    if not STRATEGIES.trait(cfg.strategy, "selects") or cfg.target_size <= 0 or cfg.target_size >= n:
         return list(range(n)), {"strategy": cfg.strategy, "kept": n, "of": n}
-    losses = example_losses(policy, examples) if cfg.strategy in ("loss_topk", "hybrid") else None
+    losses = example_losses(policy, examples) if STRATEGIES.trait(cfg.strategy, "needs_losses") else None
     embeddings = None
-    if cfg.strategy in ("diversity", "hybrid"):
+    if STRATEGIES.trait(cfg.strategy, "needs_embeddings"):
         embeddings = embed_texts([conversation_text(c) for c in conversations], cfg.embedder)
     if losses is None and embeddings is None:
         losses = [0.0] * n

@@ -164,7 +164,7 @@ def test_a_good_spec_parses():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--tools", "calculator,teleport"], "ponder mcp-serve: error: unknown tool teleport (built-in tools: "),
+    (["--tools", "calculator,teleport"], "ponder mcp-serve: error: unknown built-in tool 'teleport'; valid: calculator, echo, "),
     (["--tools", "search"], "ponder mcp-serve: error: tool search needs --corpus FILE.jsonl"),
 ])  # fmt: skip
 def test_mcp_serve_refuses_bad_tools_in_one_line(args, message):
