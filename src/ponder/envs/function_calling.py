@@ -325,7 +325,7 @@ def right_choice(trajectory: Trajectory, task: Task) -> float:
     any arguments), or none where none applies (irrelevance); else 0.0. A shaping term for
     RL (weight 0 unless a recipe sets `reward.terms.choice`): with BFCL's checker alone, a
     call with one wrong argument scores what declining scores, so RL learns to decline
-    questions it could call (docs/results-envs.md)."""
+    questions it could call (docs/results/envs.md)."""
     if not trajectory.turns or trajectory.turns[0].error is not None:
         return 0.0
     called = sorted(call.name for call in trajectory.turns[0].tool_calls or [])

@@ -70,7 +70,7 @@ def plan_kept(trajectory: Trajectory, task: Task) -> float:
     after "Two lookups.", and a second search after "One lookup." pays only where it
     turns a wrong answer right. In the demo it removed single-hop questions' redundant
     second searches; the count itself stayed one for every kind on most seeds
-    (docs/results.md, "The plan kept")."""
+    (docs/results/search-qa.md, "What each change bought")."""
     opening = PLAN_OPENING.match(trajectory.turns[0].action) if trajectory.turns else None
     if opening is None:
         return 0.0
