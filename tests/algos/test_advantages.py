@@ -423,3 +423,8 @@ def test_shape_mismatches_are_reported():
         compute_advantages("turn", inp)
     with pytest.raises(ValueError, match="2 group_ids for 3 episodes"):
         compute_advantages("grpo", AdvantageInput(T([1.0, 2.0, 3.0]), torch.ones(3, 2), ["a", "b"]))
+
+
+def test_only_gae_needs_values():
+    # RLTrainer reads this trait (never the name) to add a value head
+    assert [name for name in ADVANTAGES if ADVANTAGES.trait(name, "needs_values")] == ["gae"]

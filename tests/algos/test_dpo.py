@@ -91,3 +91,10 @@ def test_chosen_nll_adds_alpha_times_the_per_token_nll():
     # mean log-probs −2 and −0.5 per chosen token: + 0.5·2 and + 0.5·0.5
     assert with_chosen_nll(losses, torch.tensor([-2.0, -0.5]), 0.5).tolist() == pytest.approx([1.5, 0.5])
     assert with_chosen_nll(losses, torch.tensor([-2.0, -0.5]), 0.0).tolist() == losses.tolist()
+
+
+def test_only_ipo_averages_log_probs():
+    # DPOTrainer reads this trait (never the name): IPO is defined on token-mean log-probs
+    assert {name: PREFERENCE_LOSSES.trait(name, "average_logprobs") for name in PREFERENCE_LOSSES} == {
+        "hinge": False, "ipo": True, "sigmoid": False,
+    }  # fmt: skip
