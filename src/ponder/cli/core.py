@@ -38,6 +38,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from ponder.config import load_recipe
     from ponder.eval import evaluate, held_out_recipe, metrics_table, save_result
+    from ponder.eval.runner import describe_weights, trained_weights
     from ponder.rundir import claim_run_dir
     from ponder.runlog.progress import item_progress
 
@@ -49,7 +50,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     recipe = held_out_recipe(recipe, args.episodes, args.samples)  # the demo's held-out evaluation
     out = claim_run_dir(args.out or recipe.eval.out, args.overwrite, create=False)
     console = Console(stderr=True)
-    console.print(f"[bold]ponder eval[/] model={recipe.model.name} recipe={args.recipe or 'defaults'}")
+    weights = describe_weights(trained_weights(recipe.model.name))  # which of a run's weights: best/, a step
+    console.print(f"[bold]ponder eval[/] model={recipe.model.name}{weights} recipe={args.recipe or 'defaults'}",
+                  soft_wrap=True)  # fmt: skip
     with item_progress("episodes", recipe.eval.episodes * recipe.rollout.group_size) as advance:
         result = evaluate(recipe, on_episode_done=advance)
     save_result(result, recipe, claim_run_dir(out, args.overwrite))

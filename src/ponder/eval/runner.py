@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from ponder.config import Recipe, save_recipe
+from ponder.envs.base import EnvSpec
 from ponder.eval.metrics import summarise
 from ponder.fileio import write_json_atomic
 from ponder.models import Policy, load_policy
@@ -48,6 +50,7 @@ def evaluate(
         raise EvalInputError(f"eval.episodes must be at least 1, got {recipe.eval.episodes}")
     if recipe.eval.batch_size < 0:
         raise EvalInputError(f"eval.batch_size must be >= 0 (0 = rollout.batch_size), got {recipe.eval.batch_size}")
+    loaded = policy is None
     if policy is None:
         policy = load_policy(
             recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
@@ -55,6 +58,17 @@ def evaluate(
     if recipe.eval.split not in ("eval", "train"):
         raise EvalInputError(f"eval.split: unknown '{recipe.eval.split}'; valid: eval, train")
     spec = build_env(recipe, policy.tokenizer)
+    try:  # the factory (what its episodes share: a sandbox pool …) closes when they are scored
+        return _evaluate_on(spec, recipe, policy, on_episode_done, on_ready, oracle, loaded)
+    finally:
+        spec.close()
+
+
+def _evaluate_on(
+    spec: EnvSpec, recipe: Recipe, policy: Policy, on_episode_done: Callable[[Trajectory], None] | None,
+    on_ready: Callable[[int], None] | None, oracle: bool, loaded: bool,
+) -> EvalResult:
+    """evaluate's episodes: the split's first eval.episodes tasks, rolled out and scored."""
     split = spec.split(recipe.eval.split)
     if not split:
         raise EvalInputError(
@@ -82,6 +96,7 @@ def evaluate(
     metrics.update(
         {
             "model": "oracle" if oracle else recipe.model.name,
+            **(trained_weights(recipe.model.name) if loaded and not oracle else {}),
             "tokens_per_s": stats.tokens_per_s,
             "generation_s": stats.generation_s,
             "env_s": stats.env_s,
@@ -89,6 +104,46 @@ def evaluate(
         }
     )
     return EvalResult(trajectories, metrics, stats, tasks)
+
+
+def trained_weights(model: str) -> dict[str, Any]:
+    """Which trained weights `model` (model.name, --model) resolves to when it names a
+    ponder run, stage or checkpoint: {"weights": the directory loaded (a run's best/,
+    its latest checkpoint, a demo's rl/ or sft/ …), "weights_step": its step, or None
+    where the directory does not say}. {} for anything else (a name, a HF directory)."""
+    from ponder.models.adapters import find_trained
+
+    path = Path(model)
+    found = find_trained(path) if path.is_dir() else None
+    if found is None:
+        return {}
+    return {"weights": str(found), "weights_step": _weights_step(found)}
+
+
+def _weights_step(directory: Path) -> int | None:
+    """A checkpoint's step (its name, step-NNNNNN); for best/, the validation's best step
+    in its run's metrics.jsonl; for a stage (sft/, a pipeline stage), its last logged step."""
+    from ponder.runlog.metrics_log import read_metrics
+
+    match = re.fullmatch(r"step-(\d+)", directory.name)
+    if match:
+        return int(match[1])
+    run = directory.parent if directory.name == "best" else directory
+    key = "val/best_step" if directory.name == "best" else "step"
+    try:
+        records = read_metrics(run)
+    except (OSError, ValueError):
+        return None
+    steps = [record[key] for record in records if isinstance(record.get(key), (int, float)) and record[key] >= 0]
+    return int(steps[-1]) if steps else None
+
+
+def describe_weights(weights: dict[str, Any]) -> str:
+    """` (weights DIR, step N)` for a header line; "" when there are none."""
+    if not weights:
+        return ""
+    step = f", step {weights['weights_step']}" if weights.get("weights_step") is not None else ""
+    return f" (weights {weights['weights']}{step})"
 
 
 def held_out_recipe(recipe: Recipe, episodes: int | None = None, samples: int = 1) -> Recipe:
