@@ -1,13 +1,15 @@
-"""LR schedule factors (hand values) and the deterministic, checkpointable task sampler."""
+"""LR schedule factors (hand values), the one seeded cycle of shuffled epochs, and the
+deterministic, checkpointable task sampler built on it."""
 
 import math
+import random
 
 import pytest
 import torch
 
 from ponder.config import OptimConfig
 from ponder.train.optim import build_optimizer, lr_factor
-from ponder.train.sampler import TaskSampler
+from ponder.train.sampler import Cycle, ExampleSampler, TaskSampler, cycled_order
 from ponder.types import Task
 
 
@@ -101,6 +103,39 @@ def test_state_dict_continues_the_same_sequence(consumed):
     resumed = TaskSampler(_tasks(8), seed=5)
     resumed.load_state_dict(state)
     assert _ids(resumed.next_batch(13)) == straight[consumed:]
+
+
+def test_a_cycle_is_whole_shuffled_epochs_one_after_another():
+    order = cycled_order(5, 17, seed=3)
+    for start in (0, 5, 10):
+        assert sorted(order[start : start + 5]) == [0, 1, 2, 3, 4]
+    assert len({tuple(order[0:5]), tuple(order[5:10]), tuple(order[10:15])}) > 1  # each epoch reshuffled
+    assert order == Cycle(5, 3).next(17) and order != cycled_order(5, 17, seed=4)
+    rng, epochs = random.Random(3), []  # one Random(seed), drawn on from epoch to epoch
+    for _ in range(2):
+        epoch = list(range(5))
+        rng.shuffle(epoch)
+        epochs += epoch
+    assert order[:10] == epochs
+
+
+@pytest.mark.parametrize("reseed", [False, True])
+@pytest.mark.parametrize("consumed", [2, 5, 12])  # mid-epoch, at an epoch's end, in the third epoch
+def test_a_cycle_resumed_from_its_state_continues_the_same_sequence(reseed, consumed):
+    straight = Cycle(5, 7, reseed=reseed).next(consumed + 9)
+    interrupted = Cycle(5, 7, reseed=reseed)
+    interrupted.next(consumed)
+    resumed = Cycle(5, 7, reseed=reseed)
+    resumed.load_state_dict(interrupted.state_dict())
+    assert resumed.next(9) == straight[consumed:]
+
+
+def test_uniform_example_sampler_is_the_cycle_and_resumes():
+    sampler = ExampleSampler(["a"] * 6, {}, seed=2)
+    assert sampler.next(8) == cycled_order(6, 8, seed=2)
+    again = ExampleSampler(["a"] * 6, {}, seed=2)
+    again.load_state_dict(sampler.state_dict())
+    assert again.next(5) == cycled_order(6, 13, seed=2)[8:]
 
 
 def test_no_tasks_is_an_error():

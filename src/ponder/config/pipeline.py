@@ -46,6 +46,7 @@ class SFTTrainerConfig:
         mean over the whole batch).
     lr / warmup_steps / schedule: AdamW peak LR, linear warm-up, then `cosine`,
         `linear` or `constant`.
+    max_grad_norm: clip the global gradient norm (0 = off), as optim.max_grad_norm for RL.
     packing: concatenate short examples into one row (off: one example per row).
     eval_every: eval loss on the held-out examples every N steps (0 = only at the end).
     save_every: checkpoint cadence (always at the end).
@@ -57,6 +58,7 @@ class SFTTrainerConfig:
     lr: float = 3e-4
     warmup_steps: int = 2
     schedule: str = "cosine"
+    max_grad_norm: float = 1.0
     packing: bool = False
     eval_every: int = 0
     save_every: int = 10
@@ -140,6 +142,7 @@ class DPOConfig:
         TRL's rpo_alpha), 0 = plain DPO.
     steps / batch_size / micro_batch_size / lr / warmup_steps: the optimisation
         (pairs per step, cycled when steps need more; cosine schedule).
+    max_grad_norm: clip the global gradient norm (0 = off), as optim.max_grad_norm for RL.
     save_every: checkpoint cadence.
     """
 
@@ -156,6 +159,7 @@ class DPOConfig:
     micro_batch_size: int = 4
     lr: float = 5e-5
     warmup_steps: int = 1
+    max_grad_norm: float = 1.0
     save_every: int = 4
 
 

@@ -565,6 +565,7 @@ class SFTConfig:
 
     steps / batch_size / lr / warmup_steps: the SFT optimisation (AdamW, linear
         warm-up over warmup_steps, then a constant LR).
+    max_grad_norm: clip the global gradient norm (0 = off), as optim.max_grad_norm for RL.
     task_kinds: which task kinds to take demonstrations from (empty = all).
     behaviour: `oracle` (optimal actions), `always_search` (searches before every
         answer, even when the answer is in the prompt) or `search_once` (searches
@@ -584,6 +585,7 @@ class SFTConfig:
     batch_size: int = 8
     lr: float = 3e-4
     warmup_steps: int = 2
+    max_grad_norm: float = 1.0
     task_kinds: list = field(default_factory=list)
     behaviour: str = "oracle"
     oracle_fraction: float = 0.0

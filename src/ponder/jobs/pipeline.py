@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ponder.config import PipelineRecipe, SFTTrainerConfig
+from ponder.config import PipelineRecipe
 from ponder.data import (
     ChatFormatter,
     Conversation,
@@ -49,12 +49,10 @@ from ponder.train.dpo import (
     DPOTrainer,
     PreferenceExample,
     sample_preferences,
-    trajectory_example,
     with_group_size,
 )
 from ponder.train.selection import select_coreset
-from ponder.train.sft import build_demonstrations
-from ponder.train.sft_trainer import SFTInputs, SFTTrainer
+from ponder.train.sft import SFTInputs, SFTTrainer, build_demonstrations, warmup_config
 from ponder.wiring import build_env, sft_tasks
 
 STAGES = ("warmup", "sft", "dpo", "rl", "eval")
@@ -257,20 +255,15 @@ def run_warmup(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     demos = build_demonstrations(
         tasks, recipe.sft.behaviour, ctx.factory(policy), policy, recipe, recipe.sft.oracle_fraction
     )
-    examples = [trajectory_example(t) for t in demos]
     # TRL's conversational format; a later stage's replay buffer / EWC data
     conversations = ctx.conversations(policy, demos, tasks)
     write_jsonl(stage_dir / EXAMPLES, conversations)
-    sft = recipe.sft
-    cfg = SFTTrainerConfig(
-        steps=sft.steps, batch_size=sft.batch_size, micro_batch_size=recipe.algo.micro_batch_size, lr=sft.lr,
-        warmup_steps=sft.warmup_steps, schedule="constant", save_every=recipe.sft_trainer.save_every,
-    )  # fmt: skip
-    trainer = SFTTrainer(policy, SFTInputs(examples), cfg, stage_dir, recipe.train.seed)
+    cfg = warmup_config(recipe.sft, recipe.algo.micro_batch_size, recipe.sft_trainer.save_every)
+    trainer = SFTTrainer(policy, SFTInputs(demos), cfg, stage_dir, recipe.train.seed)
     start = trainer.resume()
     history = _train_with_progress(trainer, "warm-up steps", cfg.steps)
     return {
-        "demonstrations": len(examples),
+        "demonstrations": len(demos),
         "of_tasks": len(tasks),
         "resumed_from": start,
         "last": _last(history),

@@ -22,7 +22,7 @@ from ponder.data.format import TokenizedExample
 from ponder.models.logprobs import position_ids_from_mask
 from ponder.train.batch import collate
 from ponder.train.continual import EWCState, ReservoirBuffer
-from ponder.train.sft_trainer import SFTInputs, SFTTrainer
+from ponder.train.sft import SFTInputs, SFTTrainer
 
 
 def turn_spans(loss_mask: list[int]) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from ponder.fileio import write_json_atomic
 # What every recipe of a shared warm-up must agree on: one model, one adapter shape,
 # one optimisation (the steps are the sum of the recipes' own).
 SHARED_SECTIONS = ("model", "lora")
-SHARED_SFT_KEYS = ("batch_size", "lr", "warmup_steps")
+SHARED_SFT_KEYS = ("batch_size", "lr", "warmup_steps", "max_grad_norm")
 
 
 def _shared(name: str, section: dict[str, Any]) -> dict[str, Any]:
@@ -35,9 +35,9 @@ def _shared(name: str, section: dict[str, Any]) -> dict[str, Any]:
 
 
 def shared_sft(recipes: dict[str, Recipe], where: dict[str, str]) -> SFTConfig:
-    """The joint SFT settings: the recipes' common batch size, learning rate and
-    warm-up, for the sum of their steps. ValueError naming the file and key where a
-    recipe disagrees with the first."""
+    """The joint SFT settings: the recipes' common batch size, learning rate, warm-up
+    and gradient clipping, for the sum of their steps. ValueError naming the file and
+    key where a recipe disagrees with the first."""
     names = list(recipes)
     first = recipes[names[0]]
     for name in names[1:]:

@@ -6,7 +6,6 @@ with adapters disabled (its log-probs are computed once, before training).
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,9 +30,8 @@ from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
 from ponder.train.optim import build_optimizer, optimizer_step
+from ponder.train.sampler import Cycle
 from ponder.types import Task, Trajectory
-
-MAX_GRAD_NORM = 1.0
 
 
 @dataclass
@@ -141,8 +139,7 @@ class DPOTrainer:
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         optim = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule="cosine")
         self.optimizer, self.scheduler = build_optimizer(self.params, optim, max(1, cfg.steps))
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
+        self.order = Cycle(len(pairs), seed)  # seeded shuffled epochs of the pairs
         self.step = 0
         self.reference = self._reference_logprobs()
 
@@ -158,15 +155,6 @@ class DPOTrainer:
             chosen.append(c.cpu())
             rejected.append(r.cpu())
         return torch.cat(chosen), torch.cat(rejected)
-
-    def _next_indices(self) -> list[int]:
-        picked = []
-        while len(picked) < self.cfg.batch_size:
-            if not self.order:
-                self.order = list(range(len(self.pairs)))
-                self.rng.shuffle(self.order)
-            picked.append(self.order.pop())
-        return picked
 
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
         history = []
@@ -185,7 +173,7 @@ class DPOTrainer:
         return history
 
     def train_step(self) -> dict[str, float]:
-        indices = self._next_indices()
+        indices = self.order.next(self.cfg.batch_size)
         self.policy.model.train()
         sums = Counter()
         for start in range(0, len(indices), self.cfg.micro_batch_size):
@@ -204,23 +192,22 @@ class DPOTrainer:
             sums["loss"] += float(losses.detach().sum())
             for name, values in stats.items():
                 sums[name] += float(values.sum())
-        grad_norm, lr = optimizer_step(self.params, self.optimizer, self.scheduler, MAX_GRAD_NORM)
+        grad_norm, lr = optimizer_step(self.params, self.optimizer, self.scheduler, self.cfg.max_grad_norm)
         metrics = {f"dpo/{name}": value / len(indices) for name, value in sums.items()}
         metrics["dpo/margin"] = metrics["dpo/chosen_reward"] - metrics["dpo/rejected_reward"]
         metrics.update({"dpo/grad_norm": grad_norm, "dpo/lr": lr})
         return metrics
 
     def save(self) -> Path:
-        trainer = {"step": self.step, "order": list(self.order), "rng": self.rng.getstate(),
-                   "global_rng": rng_state()}  # fmt: skip
+        trainer = {"step": self.step, "order": self.order.state_dict(), "global_rng": rng_state()}
         return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, trainer)
 
     def resume(self) -> int:
         trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
         if trainer is None:
             return 0
-        self.step, self.order = trainer["step"], list(trainer["order"])
-        self.rng.setstate(trainer["rng"])
+        self.step = trainer["step"]
+        self.order.load_state_dict(trainer["order"])
         set_rng_state(trainer["global_rng"])
         return self.step
 

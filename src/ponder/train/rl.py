@@ -59,8 +59,8 @@ from ponder.train.checkpoint import (
 )
 from ponder.train.optim import NonFiniteError, build_optimizer
 from ponder.train.rl_metrics import episode_metrics, episode_table, hacking_step_metrics
-from ponder.train.sampler import build_sampler
-from ponder.train.sft import BEHAVIOURS, cycled_order
+from ponder.train.sampler import build_sampler, cycled_order
+from ponder.train.sft import BEHAVIOURS
 from ponder.train.update import (
     TrainingError,
     UpdateInputs,

@@ -1,24 +1,41 @@
-"""SFT warm-up on demonstration episodes, with the RL trainer's masks: demonstrations
-are replayed through the real environment (scripted backend), so observations are
-real retrieved text with loss_mask 0, and the loss covers only the policy's tokens.
+"""SFT: one loop, one masked NLL, fed by either source.
+
+- Demonstrations: episodes replayed through the real environment (scripted backend),
+  so observations are real retrieved text with loss_mask 0 and the loss covers only
+  the policy's tokens (the SFT warm-up, `sft_train`; the RL update's anchor, algo.sft_coef).
+- Conversations: tokenised chats (ponder.data.format), loss on the assistant tokens
+  (the pipeline's SFT stage, task sequences, continual learning), with task-type
+  weighted sampling, packing, eval loss, checkpoint/resume, rehearsal and EWC.
+
+Both become Trajectory rows collated to a TokenBatch; `masked_nll_pass` accumulates the
+token-mean NLL (ponder.algos.demonstration_nll) over micro-batches, exact over the batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Union
+
+import torch
 
 from ponder.algos import demonstration_nll
-from ponder.config import OptimConfig, Recipe, SFTConfig
+from ponder.config import OptimConfig, Recipe, SFTConfig, SFTTrainerConfig
+from ponder.data.format import TokenizedExample, pack
 from ponder.models import Policy
 from ponder.models.cpu_threads import cpu_block
 from ponder.models.forward import forward_policy
 from ponder.models.memory import release_memory
 from ponder.rollout import RolloutEngine, ScriptedBackend
+from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import TokenBatch, collate
+from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
+from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
 from ponder.train.optim import build_optimizer, optimizer_step
+from ponder.train.sampler import ExampleSampler
 from ponder.types import Task, Trajectory
 
 BEHAVIOURS = ("oracle", "always_search", "search_once")
@@ -82,6 +99,165 @@ def _completed(trajectory: Trajectory) -> bool:
     return ended and all(turn.error is None for turn in trajectory.turns)
 
 
+# What SFT trains on: a replayed demonstration, or a tokenised conversation.
+Row = Union[Trajectory, TokenizedExample]
+
+
+def sft_batch(rows: list[Row], pad_id: int) -> TokenBatch:
+    """Rows collated for the NLL; a conversation as a Trajectory whose first token is
+    the prompt (TokenizedExample.to_trajectory), so both align the same way."""
+    trajectories = [row if isinstance(row, Trajectory) else row.to_trajectory() for row in rows]
+    return collate(trajectories, pad_id)
+
+
+def masked_nll_pass(
+    policy: Any, batch: TokenBatch, micro_batch_size: int, scale: float = 1.0, backward: bool = True
+) -> float:
+    """The batch's token-mean NLL on its loss-mask tokens, in micro-batches (exact: each
+    divides by the whole batch's token count); with `backward`, scale × it is
+    accumulated into the gradients, else it is only measured (no graph). Returns the
+    NLL. The SFT step's loss, its eval loss, and the RL update's anchor (algo.sft_coef)."""
+    tokens = float(batch.loss_mask.sum())
+    total = 0.0
+    for start in range(0, len(batch), micro_batch_size):
+        part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
+        with torch.set_grad_enabled(backward), cpu_block():  # fewer threads while others hold the cores
+            logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
+            nll = demonstration_nll(logprobs, part.loss_mask, tokens)
+            if backward:
+                (scale * nll).backward()
+        total += float(nll.detach())
+    return total
+
+
+@dataclass
+class SFTInputs:
+    """What one SFT run trains on.
+
+    train / eval: demonstrations or tokenised examples (rows). task_weights: task
+    type -> sampling weight (a conversation's task_type; a demonstration's is `general`).
+    replay: rehearsal buffer whose items are mixed into each batch (replay_ratio).
+    ewc: EWC state of earlier tasks (penalty added to every step's loss).
+    pack_tokens: row length when cfg.packing is on (tokenised examples only).
+    """
+
+    train: list[Row]
+    eval: list[Row] = field(default_factory=list)
+    task_weights: dict[str, float] = field(default_factory=dict)
+    replay: ReservoirBuffer | None = None
+    replay_ratio: float = 0.0
+    ewc: EWCState | None = None
+    pack_tokens: int = 1024
+
+
+def warmup_config(sft: SFTConfig, micro_batch_size: int, save_every: int = 10) -> SFTTrainerConfig:
+    """The demonstration warm-up (section `sft`) as the loop's settings: a constant LR
+    after sft.warmup_steps, micro-batches of algo.micro_batch_size."""
+    return SFTTrainerConfig(
+        steps=sft.steps, batch_size=sft.batch_size, micro_batch_size=micro_batch_size, lr=sft.lr,
+        warmup_steps=sft.warmup_steps, schedule="constant", save_every=save_every, max_grad_norm=sft.max_grad_norm,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _metrics_log(run_dir: Path | None, resume_step: int) -> Iterator[MetricsLog | None]:
+    if run_dir is None:
+        yield None
+        return
+    with MetricsLog(run_dir, tensorboard=False, resume_step=resume_step) as log:
+        yield log
+
+
+class SFTTrainer:
+    """The loop: sample → (replay) → accumulate → clip → step → log → eval → checkpoint.
+
+    run_dir None: nothing is written (no metrics.jsonl, no checkpoints); the caller
+    logs through on_step and saves what it wants (sft_train, train_and_save).
+    """
+
+    def __init__(
+        self, policy: Any, inputs: SFTInputs, cfg: SFTTrainerConfig, run_dir: str | Path | None = None, seed: int = 0
+    ) -> None:
+        if not inputs.train:
+            raise ValueError("no SFT examples to train on")
+        if cfg.packing and not all(isinstance(row, TokenizedExample) for row in inputs.train):
+            raise ValueError("sft_trainer.packing packs tokenised conversations, not demonstrations")
+        self.policy, self.cfg, self.inputs = policy, cfg, inputs
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.train_rows = pack(inputs.train, inputs.pack_tokens) if cfg.packing else inputs.train
+        types = [getattr(row, "task_type", "general") for row in self.train_rows]
+        self.sampler = ExampleSampler(types, inputs.task_weights, seed)
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        optim = OptimConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule)
+        self.optimizer, self.scheduler = build_optimizer(self.params, optim, max(1, cfg.steps))
+        self.step = 0
+
+    def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+        history = []
+        # from step 0 too: lines a run killed before its first checkpoint logged go
+        with _metrics_log(self.run_dir, self.step) as log:
+            while self.step < self.cfg.steps:
+                metrics = self.train_step()
+                self.step += 1
+                last = self.step == self.cfg.steps
+                if self.inputs.eval and (last or (self.cfg.eval_every and self.step % self.cfg.eval_every == 0)):
+                    metrics["sft/eval_loss"] = self.eval_loss()
+                if log is not None:
+                    log.log(self.step, metrics)
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(self.step, metrics)
+                if self.run_dir is not None and (last or self.step % self.cfg.save_every == 0):
+                    self.save()
+        self.policy.model.eval()
+        return history
+
+    def train_step(self) -> dict[str, float]:
+        cfg, inputs = self.cfg, self.inputs
+        replayed = replay_count(cfg.batch_size, inputs.replay_ratio, len(inputs.replay or []))
+        rows = [self.train_rows[i] for i in self.sampler.next(cfg.batch_size - replayed)]
+        rows += inputs.replay.sample(replayed) if inputs.replay is not None else []
+        batch = sft_batch(rows, self.policy.tokenizer.pad_token_id)
+        self.policy.model.train()
+        metrics = {"sft/loss": masked_nll_pass(self.policy, batch, cfg.micro_batch_size)}
+        if inputs.ewc is not None:
+            term = inputs.ewc.penalty(self.policy)
+            if term.requires_grad:
+                term.backward()
+            metrics["sft/ewc_penalty"] = float(term.detach())
+        metrics["sft/grad_norm"], metrics["sft/lr"] = optimizer_step(
+            self.params, self.optimizer, self.scheduler, cfg.max_grad_norm
+        )
+        release_memory()  # the step's activations, before the next step allocates its own
+        if inputs.replay is not None:
+            metrics["sft/replayed"] = float(replayed)
+        metrics["sft/tokens"] = float(batch.loss_mask.sum())
+        return metrics
+
+    def eval_loss(self) -> float:
+        self.policy.model.eval()
+        batch = sft_batch(self.inputs.eval, self.policy.tokenizer.pad_token_id)
+        return masked_nll_pass(self.policy, batch, self.cfg.micro_batch_size, backward=False)
+
+    def save(self) -> Path:
+        trainer = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
+        if self.inputs.replay is not None:
+            trainer["replay"] = self.inputs.replay.state_dict()
+        return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, trainer)
+
+    def resume(self) -> int:
+        """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
+        trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
+        if trainer is None:
+            return 0
+        self.step = trainer["step"]
+        self.sampler.load_state_dict(trainer["sampler"])
+        if self.inputs.replay is not None and "replay" in trainer:
+            self.inputs.replay.load_state_dict(trainer["replay"])
+        set_rng_state(trainer["rng"])
+        return self.step
+
+
 def sft_train(
     policy: Policy,
     demonstrations: list[Trajectory],
@@ -90,54 +266,12 @@ def sft_train(
     micro_batch_size: int = 4,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """config.steps AdamW steps of token-mean NLL on the policy tokens; returns per-step metrics."""
+    """The demonstration warm-up: config.steps AdamW steps of the SFT loop on the
+    demonstrations, nothing written; returns per-step metrics."""
     if not demonstrations:
         raise ValueError("no demonstrations to train on (check sft.task_kinds)")
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    optim_config = OptimConfig(lr=config.lr, warmup_steps=config.warmup_steps, schedule="constant")
-    optimizer, scheduler = build_optimizer(params, optim_config, config.steps)
-    order = cycled_order(len(demonstrations), config.steps * config.batch_size, seed)
-    history = []
-    policy.model.train()
-    for step in range(config.steps):
-        rows = order[step * config.batch_size : (step + 1) * config.batch_size]
-        batch = collate([demonstrations[i] for i in rows], policy.tokenizer.pad_token_id)
-        total = imitation_backward(policy, batch, micro_batch_size)
-        grad_norm, lr = optimizer_step(params, optimizer, scheduler, 1.0)
-        release_memory()  # the step's activations, before the next step allocates its own
-        metrics = {"sft/loss": total, "sft/grad_norm": grad_norm, "sft/lr": lr}
-        history.append(metrics)
-        if on_step is not None:
-            on_step(step + 1, metrics)
-    policy.model.eval()
-    return history
-
-
-def imitation_backward(policy: Policy, batch: TokenBatch, micro_batch_size: int, scale: float = 1.0) -> float:
-    """Accumulate scale × the batch's token-mean NLL on its policy tokens into the
-    gradients, in micro-batches (exact: each divides by the whole batch's token count);
-    returns the NLL. The SFT step's loss, and the RL update's anchor (algo.sft_coef)."""
-    tokens = float(batch.loss_mask.sum())
-    total = 0.0
-    for start in range(0, len(batch), micro_batch_size):
-        part = batch.select(list(range(start, min(start + micro_batch_size, len(batch))))).to(policy.device)
-        with cpu_block():  # fewer while other processes hold the cores
-            logprobs, _, _ = forward_policy(policy.model, part.input_ids, part.attention_mask, loss_mask=part.loss_mask)
-            nll = demonstration_nll(logprobs, part.loss_mask, tokens)
-            (scale * nll).backward()
-        total += float(nll.detach())
-    return total
-
-
-def cycled_order(n: int, length: int, seed: int) -> list[int]:
-    """`length` indices into n items: seeded shuffles of range(n), one after another."""
-    rng = random.Random(seed)
-    order: list[int] = []
-    while len(order) < length:
-        epoch = list(range(n))
-        rng.shuffle(epoch)
-        order += epoch
-    return order[:length]
+    trainer = SFTTrainer(policy, SFTInputs(demonstrations), warmup_config(config, micro_batch_size), None, seed)
+    return trainer.train(on_step)
 
 
 def train_and_save(
@@ -146,7 +280,6 @@ def train_and_save(
 ) -> list[dict[str, float]]:  # fmt: skip
     """sft_train, its metrics logged in log_dir, the trained weights saved there."""
     from ponder.models.adapters import save_trained
-    from ponder.runlog.metrics_log import MetricsLog
 
     with MetricsLog(log_dir, tensorboard=False) as log:
 

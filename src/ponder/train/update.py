@@ -34,7 +34,7 @@ from ponder.models.forward import forward_policy
 from ponder.models.value_head import ValueHead
 from ponder.train.batch import TokenBatch
 from ponder.train.optim import NonFiniteError, optimizer_step
-from ponder.train.sft import imitation_backward
+from ponder.train.sft import masked_nll_pass
 
 
 @dataclass
@@ -163,7 +163,7 @@ def _mini_batch_step(inputs: UpdateInputs, mini: TokenBatch) -> dict[str, float]
 def _demonstration_backward(inputs: UpdateInputs, demonstrations: TokenBatch) -> float:
     """Accumulate algo.sft_coef × the demonstrations' token-mean NLL (at temperature 1,
     the warm-up's loss) into the optimizer step's gradient; returns the NLL."""
-    nll = imitation_backward(inputs.policy, demonstrations, inputs.algo.micro_batch_size, inputs.algo.sft_coef)
+    nll = masked_nll_pass(inputs.policy, demonstrations, inputs.algo.micro_batch_size, inputs.algo.sft_coef)
     if not math.isfinite(nll):
         inputs.optimizer.zero_grad(set_to_none=True)
         raise NonFiniteError("SFT loss on the demonstrations is NaN or infinite")

@@ -21,6 +21,7 @@ from ponder.config import Recipe
 from ponder.models import Policy
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine
+from ponder.train.sampler import round_robin
 from ponder.types import Task
 
 BEST_DIR = "best"
@@ -33,15 +34,8 @@ def split_validation(tasks: list[Task], n: int, seed: int) -> tuple[list[Task], 
         return list(tasks), []
     if n >= len(tasks):
         raise ValueError(f"train.val_tasks={n} leaves no training tasks (there are {len(tasks)})")
-    rng = random.Random(seed * 7_919 + n)
-    by_kind: dict[str, list[Task]] = {}
-    for task in tasks:
-        by_kind.setdefault(task.kind, []).append(task)
-    queues = [by_kind[kind] for kind in sorted(by_kind)]
-    for queue in queues:
-        rng.shuffle(queue)
-    interleaved = [queue[i] for i in range(max(map(len, queues))) for queue in queues if i < len(queue)]
-    held = {task.id for task in interleaved[:n]}
+    interleaved = round_robin([task.kind for task in tasks], random.Random(seed * 7_919 + n))
+    held = {tasks[i].id for i in interleaved[:n]}
     return [t for t in tasks if t.id not in held], [t for t in tasks if t.id in held]
 
 
