@@ -135,8 +135,8 @@ def sft_tasks(recipe: Recipe, spec: EnvSpec, held: set[str] = frozenset()) -> li
 def check_parts(recipe: Recipe) -> None:
     """Build the recipe's environment, tasks and reward once, without a model, so that a
     bad env, task file or reward fails before a command writes anything or trains."""
-    spec = build_env(recipe)
-    build_reward(recipe, spec)
-    if recipe.train.steps > 0 or recipe.sft.steps > 0:
-        train_tasks(recipe, spec)
+    with build_env(recipe) as spec:
+        build_reward(recipe, spec)
+        if recipe.train.steps > 0 or recipe.sft.steps > 0:
+            train_tasks(recipe, spec)
 

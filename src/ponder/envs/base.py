@@ -18,9 +18,19 @@ An environment is one episode of a multi-turn, text-and-tool interaction:
   the engine sums them into the trajectory's metrics beside its own `turns`,
   `tool_calls`, `tool_calls/<name>` …; search-QA counts `searches` so).
 - `stop_strings`: texts at which generation of one action stops (a closing tag).
+- `close()` (optional; `BaseEnv` gives a no-op one): release what the episode holds
+  (a file, a socket, a process). The engine calls it once when the episode ends,
+  whatever ended it — an answer, a token budget, a `step` that raised — and for
+  every open episode when the run itself fails. An environment without one is
+  fine; an error from it is logged, never raised.
 
 An environment that raises in `step` ends that episode (stop reason `env_error`,
 the error text in the turn) and never the run.
+
+A factory may hold what its episodes share (a sandbox pool, a checker process):
+it then has a `close()` too, and whoever built the `EnvSpec` closes it when done
+(`spec.close()`, or `with build_env(...) as spec:`) — the trainer's job, the
+evaluation runner.
 
 Environments are built by **builders** registered by name: `builder(ctx)` gets an
 `EnvContext` (the recipe's `env.options`, the tokenizer, the whole recipe) and
@@ -35,17 +45,19 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 from ponder.plugins import import_object
 from ponder.registry import Registry
 from ponder.types import Task, ToolSpec, Trajectory
 
 RewardFn = Callable[[Trajectory, Task], Any]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,11 +70,35 @@ class Opening:
 
 @runtime_checkable
 class Env(Protocol):
+    """reset, step and stop_strings are required; `close()` is optional (see the
+    module docstring), so environments written without one stay environments."""
+
     stop_strings: list[str]
 
     def reset(self, task: Task) -> Opening | list[dict[str, Any]]: ...
 
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]: ...
+
+
+class BaseEnv:
+    """A base class for environments: a no-op `close()` to override when an episode
+    holds something to release."""
+
+    def close(self) -> None:
+        """Release what this episode holds; the engine calls it once, when the episode ends."""
+
+
+def close_env(thing: Any) -> None:
+    """Call `thing.close()` if it has one (an environment or an environment factory).
+    Releasing is best effort: an error is logged, never raised, so a failing close
+    neither ends a run nor hides the error that ended one."""
+    close = getattr(thing, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        logger.warning("closing %s failed: %s: %s", type(thing).__name__, type(err).__name__, err)
 
 
 def opening_of(value: Opening | list[dict[str, Any]]) -> Opening:
@@ -113,6 +149,16 @@ class EnvSpec:
     def split(self, name: str) -> list[Task]:
         """The tasks of split `name` (eval.split): `train`, else the held-out `eval`."""
         return self.train if name == "train" else self.eval
+
+    def close(self) -> None:
+        """Close the factory (what its episodes share), when it has a `close`."""
+        close_env(self.factory)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 EnvBuilder = Callable[[EnvContext], EnvSpec]

@@ -110,8 +110,8 @@ def reward_weights(recipe_path: str | Path) -> dict[str, float]:
     from ponder.wiring import build_env
 
     recipe = load_recipe(recipe_path)
-    spec = build_env(recipe)
-    weights = CompositeReward.from_config(recipe.reward, spec.rewards, spec.reward_weights).weights
+    with build_env(recipe) as spec:
+        weights = CompositeReward.from_config(recipe.reward, spec.rewards, spec.reward_weights).weights
     if recipe.reward.judge.weight != 0:
         weights["judge"] = recipe.reward.judge.weight
     return weights
@@ -135,7 +135,8 @@ def load_stage_pair(run_dir: str | Path, before: str = "sft", after: str = "rl",
     if sorted(by_task) != sorted(t.task_id for t in first):
         raise ValueError(f"{paths[0]} and {paths[1]} evaluated different tasks")
     recipe = load_recipe(run_dir / "recipe.yaml")
-    tasks = {t.id: t for t in build_env(recipe).split(recipe.eval.split)}  # the split the recipe evaluated
+    with build_env(recipe) as spec:
+        tasks = {t.id: t for t in spec.split(recipe.eval.split)}  # the split the recipe evaluated
     missing = sorted({t.task_id for t in first} - set(tasks))
     if missing:
         raise ValueError(f"{run_dir}: task '{missing[0]}' is not in the recipe's {recipe.eval.split} split")

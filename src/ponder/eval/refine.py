@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ponder.config import Recipe
+from ponder.envs.base import EnvSpec
 from ponder.rewards import score_trajectories
 from ponder.rollout import RolloutEngine
 from ponder.types import Task, Trajectory
@@ -77,7 +78,12 @@ def refine(recipe: Recipe, policy: Any, rounds: int, critic: Callable[[list[dict
     component that scores an answer (1 = right)."""
     if rounds < 1:
         raise ValueError(f"refine: rounds must be >= 1, got {rounds}")
-    spec = build_env(recipe, policy.tokenizer)
+    with build_env(recipe, policy.tokenizer) as spec:  # its factory closes when the rounds end
+        return _refine(spec, recipe, policy, rounds, critic, verified, episodes)
+
+
+def _refine(spec: EnvSpec, recipe: Recipe, policy: Any, rounds: int, critic: Callable[[list[dict[str, str]]], str],
+            verified: str, episodes: int | None) -> RefineResult:  # fmt: skip
     reward = build_reward(recipe, spec, policy)
     tasks = spec.eval[: episodes or recipe.eval.episodes]
     sampling = replace(recipe.rollout.sampling, temperature=recipe.eval.temperature)

@@ -107,15 +107,15 @@ def _reused_evaluations(previous: _SFTRun, run_dir: Path, recipe: Recipe, policy
                 with atomic_path(run_dir / f"eval-{name}.parquet") as tmp:
                     shutil.copyfile(previous.source / f"eval-{name}.parquet", tmp)
         return previous.stages
-    spec = build_env(recipe, policy.tokenizer)
-    tasks_by_id = {task.id: task for task in spec.eval}
-    reward = build_reward(recipe, spec, policy)
-    stages = {}
-    for name, metrics in previous.stages.items():
-        trajectories = load_trajectories(previous.source / f"eval-{name}.parquet")
-        score_trajectories(trajectories, tasks_by_id, reward)
-        save_trajectories(trajectories, run_dir / f"eval-{name}.parquet")
-        stages[name] = {**metrics, **summarise(trajectories, tasks_by_id), "rescored_from": str(previous.source)}
+    with build_env(recipe, policy.tokenizer) as spec:  # for its tasks and reward; no episode runs
+        tasks_by_id = {task.id: task for task in spec.eval}
+        reward = build_reward(recipe, spec, policy)
+        stages = {}
+        for name, metrics in previous.stages.items():
+            trajectories = load_trajectories(previous.source / f"eval-{name}.parquet")
+            score_trajectories(trajectories, tasks_by_id, reward)
+            save_trajectories(trajectories, run_dir / f"eval-{name}.parquet")
+            stages[name] = {**metrics, **summarise(trajectories, tasks_by_id), "rescored_from": str(previous.source)}
     return stages
 
 

@@ -203,7 +203,7 @@ def run_improve(recipe: Recipe, out: str | Path, sft_from: str | Path | None = N
     tasks = tasks[: recipe.improve.tasks] if recipe.improve.tasks else tasks
     records = [{"round": 0, **held_out_accuracy(recipe, policy)}]
     say(_line(records[0]))
-    with MetricsLog(out, tensorboard=False) as log:
+    with spec, MetricsLog(out, tensorboard=False) as log:  # spec: its factory closes with the rounds
         log.log(0, {key: value for key, value in records[0].items() if key != "round"})
         for index in range(1, recipe.improve.rounds + 1):
             metrics = improve_round(policy, recipe, spec, reward, tasks, index)

@@ -52,12 +52,13 @@ def recipe_demonstrations(recipe: Recipe, policy: Policy) -> list[Trajectory]:
     """The recipe's SFT demonstrations: sft.examples training tasks of sft.task_kinds
     (less RL's validation split under train.val_outside_sft), replayed with
     sft.behaviour (and sft.oracle_fraction)."""
-    spec = build_env(recipe, policy.tokenizer)
-    held = set()
-    if recipe.train.val_outside_sft:
-        held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]}
-    tasks = sft_tasks(recipe, spec, held)
-    return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe, recipe.sft.oracle_fraction)
+    with build_env(recipe, policy.tokenizer) as spec:
+        held = set()
+        if recipe.train.val_outside_sft:
+            held = {t.id for t in recipe_validation(recipe, train_tasks(recipe, spec))[1]}
+        tasks = sft_tasks(recipe, spec, held)
+        return build_demonstrations(tasks, recipe.sft.behaviour, spec.factory, policy, recipe,
+                                    recipe.sft.oracle_fraction)  # fmt: skip
 
 
 def warm_up(

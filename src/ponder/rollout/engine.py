@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ponder.config import RolloutConfig
-from ponder.envs.base import Env, opening_of
+from ponder.envs.base import Env, close_env, opening_of
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest
 from ponder.types import Task, Trajectory, Turn
 
@@ -58,38 +58,53 @@ class RolloutEngine:
     def run(
         self, tasks: list[Task], on_episode_done: Callable[[Trajectory], None] | None = None
     ) -> tuple[list[Trajectory], RolloutStats]:
-        """Roll out every task group_size times; trajectories come back in task order."""
+        """Roll out every task group_size times; trajectories come back in task order.
+
+        Each episode's environment is closed (`close_env`) as the episode ends, also
+        when its step raised; if the run itself fails, every environment still open is."""
         stats = RolloutStats()
         start = time.perf_counter()
         seen: dict[str, int] = defaultdict(int)  # a task listed twice gets fresh sample numbers
         queue: deque[_Episode] = deque()
-        for task in tasks:
-            for _ in range(self.config.group_size):
-                queue.append(self._new_episode(task, seen[task.id]))
-                seen[task.id] += 1
-        order = [ep.key for ep in queue]
         finished: dict[str, Trajectory] = {}
         active: list[_Episode] = []
-        while queue or active:
-            while queue and len(active) < self.config.batch_size:
-                active.append(queue.popleft())
-            still_running = []
-            for episode, done in self._round(active, stats):
-                if not done:
-                    still_running.append(episode)
-                    continue
-                _finalise(episode.trajectory)
-                finished[episode.key] = episode.trajectory
-                if on_episode_done is not None:
-                    on_episode_done(episode.trajectory)
-            active = still_running
+        closed: set[str] = set()
+        try:
+            for task in tasks:
+                for _ in range(self.config.group_size):
+                    queue.append(self._new_episode(task, seen[task.id]))
+                    seen[task.id] += 1
+            order = [ep.key for ep in queue]
+            while queue or active:
+                while queue and len(active) < self.config.batch_size:
+                    active.append(queue.popleft())
+                still_running = []
+                for episode, done in self._round(active, stats):
+                    if not done:
+                        still_running.append(episode)
+                        continue
+                    closed.add(episode.key)
+                    close_env(episode.env)
+                    _finalise(episode.trajectory)
+                    finished[episode.key] = episode.trajectory
+                    if on_episode_done is not None:
+                        on_episode_done(episode.trajectory)
+                active = still_running
+        finally:
+            for episode in [*active, *queue]:  # the run failed: nothing else will close them
+                if episode.key not in closed:
+                    close_env(episode.env)
         stats.episodes = len(finished)
         stats.wall_s = time.perf_counter() - start
         return [finished[key] for key in order], stats
 
     def _new_episode(self, task: Task, sample: int) -> _Episode:
         env = self.env_factory()
-        opening = opening_of(env.reset(task))
+        try:
+            opening = opening_of(env.reset(task))
+        except BaseException:
+            close_env(env)
+            raise
         prompt = self.tokenizer.apply_chat_template(opening.messages, tokenize=False, add_generation_prompt=True)
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         trajectory = Trajectory(task_id=task.id, prompt_ids=prompt_ids, group_id=task.id)

@@ -39,6 +39,7 @@ from ponder.algos.curriculum import CURRICULA
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.algos.kl import KL_REFERENCES
 from ponder.config import Recipe, to_dict
+from ponder.envs.base import close_env
 from ponder.models import Policy, adapters_disabled, trainable_snapshot, weights_swapped
 from ponder.models.adapters import load_adapter_weights
 from ponder.models.cpu_matmul import check_matmul_dtype
@@ -218,6 +219,7 @@ class RLTrainer:
                         self.save()
         finally:
             self.drain()
+            self.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._watchdog is not None:  # the run stopped in time: no exit from under the caller
@@ -360,6 +362,12 @@ class RLTrainer:
                 self.rollouts.result(pending)
             except Exception:  # noqa: BLE001 - nothing of it is kept; the run's own error matters
                 pass
+
+    def close(self) -> None:
+        """Close the environment factory (what its episodes share: a sandbox pool, a
+        checker process); `train()` does when it ends, however it ends. ponder's
+        factories start again on their next use (a later `train()` or `evaluate_held_out`)."""
+        close_env(self.env_factory)
 
     def _metrics_log(self) -> MetricsLog:
         tracking = self.recipe.tracking

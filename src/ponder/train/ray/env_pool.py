@@ -32,7 +32,7 @@ import uuid
 from typing import Any
 
 from ponder.config import Recipe
-from ponder.envs.base import Opening, opening_of
+from ponder.envs.base import Opening, close_env, opening_of
 from ponder.types import Task
 
 # A call unanswered this long gets a health ping; a ping unanswered this long means hung.
@@ -66,8 +66,13 @@ class EnvWorker:
         return len(self.envs)  # episodes hosted; answering at all is the health signal
 
     def reset(self, key: str, task: Task) -> tuple[Opening, list[str]]:
+        self._drop(key)  # a replayed episode's earlier instance
         env = self.factory()
-        opening = opening_of(env.reset(task))
+        try:
+            opening = opening_of(env.reset(task))
+        except BaseException:
+            close_env(env)
+            raise
         self.envs[key] = env
         return opening, list(env.stop_strings)
 
@@ -84,18 +89,29 @@ class EnvWorker:
         try:
             result = self.envs[key].step(action)
         except Exception:
-            self.envs.pop(key, None)
+            self._drop(key)
             raise
         if result[1]:
-            self.envs.pop(key, None)
+            self._drop(key)
         return result
 
     def release(self, keys: list[str]) -> None:
         for key in keys:
-            self.envs.pop(key, None)
+            self._drop(key)
 
     def clear(self) -> None:
-        self.envs.clear()
+        for key in list(self.envs):
+            self._drop(key)
+
+    def close(self) -> None:
+        """Close every hosted environment and the factory (the pool calls it before it
+        kills this worker: a killed actor runs no cleanup of its own)."""
+        self.clear()
+        close_env(self.factory)
+
+    def _drop(self, key: str) -> None:
+        """Forget episode `key`'s environment, closed (`Env.close`)."""
+        close_env(self.envs.pop(key, None))
 
 
 class EnvPool:
@@ -141,6 +157,9 @@ class EnvPool:
         return self.restarts - before
 
     def close(self) -> None:
+        """Let every worker close what it hosts (waiting PING_TIMEOUT_S at most), then kill them."""
+        closing = [worker.close.remote() for worker in self.workers]
+        self.ray.wait(closing, num_returns=len(closing), timeout=PING_TIMEOUT_S)
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []
@@ -192,6 +211,13 @@ class EnvPoolClient:
         if result[1]:
             self.live.pop(env.key, None)
         return result
+
+    def release(self, env: RemoteEnv) -> None:
+        """Drop `env`'s environment on its worker, if its episode did not end there
+        (the engine closes an episode it ended itself: a token budget). Not waited for."""
+        slot = self.live.pop(env.key, None)
+        if slot is not None:
+            self.workers[slot].release.remote([env.key])
 
     def release_all(self) -> None:
         """Drop the environments of episodes that ended on the engine's side (token budget)."""
@@ -248,3 +274,6 @@ class RemoteEnv:
         result = self.client.step(self, action)
         self.actions.append(action)
         return result
+
+    def close(self) -> None:
+        self.client.release(self)

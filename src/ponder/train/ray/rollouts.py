@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ponder.config import Recipe
+from ponder.envs.base import close_env
 from ponder.models import Policy
 from ponder.models.adapters import load_trainable_state, trainable_state
 from ponder.rollout import RolloutEngine, RolloutStats
@@ -78,6 +79,10 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def close(self) -> None:
+        """Close this worker's environment factory (RayRollouts.close calls it before the kill)."""
+        close_env(self.engine.env_factory)
 
     def run(
         self, tasks: list[Task], weights: list[Any], version: int, seed: int
@@ -220,6 +225,8 @@ class RayRollouts:
     def close(self) -> None:
         """Stop the workers, and the local cluster when this object started it."""
         self._cancel()
+        closing = [worker.close.remote() for worker in self.workers]  # what their factories hold
+        self.ray.wait(closing, num_returns=len(closing), timeout=CONNECT_TIMEOUT_S)
         for worker in self.workers:
             self.ray.kill(worker)
         self.workers = []
