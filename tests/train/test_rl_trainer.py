@@ -645,3 +645,11 @@ def test_a_resumed_run_keeps_its_starting_reference(tmp_path):
 def test_unknown_kl_reference_is_refused(tmp_path):
     with pytest.raises(ValueError, match="^algo.kl_reference: unknown kl reference 'sft'; valid: base, start$"):
         rl_trainer(recipe("algo.kl_reference=sft"), tmp_path)
+
+
+def test_training_closes_its_environment_factory(tmp_path):
+    trainer = rl_trainer(recipe("train.steps=1"), tmp_path)
+    closed = []
+    trainer.env_factory.close = lambda: closed.append(trainer.step)  # what a sandbox pool's factory has
+    trainer.train()
+    assert closed == [1]  # once, when training ended
