@@ -175,15 +175,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe
     from ponder.jobs.demo import run_demo
     from ponder.jobs.demo_table import demo_table
-    from ponder.rundir import claim_run_dir, discard_on_error
+    from ponder.rundir import claim_run_dir, discard_on_error, require_run_dir
     from ponder.wiring import check_parts
 
     recipe = load_recipe(args.recipe, (QUICK_DEMO if args.quick else []) + args.overrides)
     check_parts(recipe)  # a bad env, task file or reward fails before the run directory is made
-    out = claim_run_dir(args.out or ("runs/demo-quick" if args.quick else "runs/demo"), args.overwrite)
+    out = Path(args.out or ("runs/demo-quick" if args.quick else "runs/demo"))
+    if args.resume:
+        require_run_dir(out, ("recipe.yaml",), f"it without --resume: ponder demo --out {out}")
+    else:
+        claim_run_dir(out, args.overwrite, can_resume=True)
     console = Console(stderr=True)
-    with discard_on_error(out):
-        results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from)
+    with discard_on_error(out, fresh=not args.resume):
+        results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from, resume=args.resume,
+                           skip_oracle=args.skip_oracle)  # fmt: skip
     _console().print(demo_table(results))
     if "verdict" in results:
         _console().print(results["verdict"], highlight=False)
@@ -410,7 +415,11 @@ def _add_plot_and_demo_commands(commands: Any) -> None:
     demo.add_argument("--recipe", default="recipes/demo.yaml", help="demo recipe (default: recipes/demo.yaml)")
     demo.add_argument("--quick", action="store_true", help="a small smoke run: " + " ".join(QUICK_DEMO))
     demo.add_argument("--out", help="output directory (default: runs/demo or runs/demo-quick)")
-    demo.add_argument("--overwrite", action="store_true", help="replace the demo already in --out")
+    _add_reuse_flags(demo, resume="continue the demo in --out, run with the same recipe and overrides: the "
+                     "stages it measured (oracle, base, SFT warm-up, evaluations) are reused, RL resumes from "
+                     "its latest checkpoint, only what is missing runs")  # fmt: skip
+    demo.add_argument("--skip-oracle", action="store_true",
+                      help="leave out the oracle's evaluation (the ceiling column of the table)")
     demo.add_argument(
         "--sft-from",
         metavar="RUN_DIR",

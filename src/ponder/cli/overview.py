@@ -25,7 +25,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
-    "demo": ("ponder demo --quick", "ponder demo --recipe recipes/demo.yaml --out runs/demo"),
+    "demo": (
+        "ponder demo --quick",
+        "ponder demo --recipe recipes/demo.yaml --out runs/demo",
+        "ponder demo --recipe recipes/demo.yaml --out runs/demo --resume",
+    ),
     "train": (
         "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo",
         "ponder train --resume runs/grpo train.steps=30",

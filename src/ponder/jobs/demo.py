@@ -19,6 +19,7 @@ from ponder.models.adapters import MANIFEST, load_adapter_weights
 from ponder.models.memory import release_memory
 from ponder.models.prepare import prepare_policy
 from ponder.rewards import score_trajectories
+from ponder.rundir import RunDirError, recipe_changes
 from ponder.runlog.plot import plot_run, plot_stages
 from ponder.runlog.progress import item_progress, training_progress
 from ponder.train.rl import check_recipe
@@ -26,19 +27,29 @@ from ponder.types import load_trajectories, save_trajectories
 from ponder.wiring import build_env, build_reward
 
 STAGES = ("base", "sft", "rl", "oracle")
+# Each stage's metrics and time, rewritten as each one ends: what --resume reuses.
+STAGES_FILE = "stages.json"
 
 
 def run_demo(
-    recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = print, sft_from: str | Path | None = None
-) -> dict[str, Any]:
+    recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = print, sft_from: str | Path | None = None,
+    resume: bool = False, skip_oracle: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """Run every stage; writes results.json, recipe.yaml, metrics and plots to run_dir.
 
     sft_from: a finished demo run whose SFT weights and before/after-SFT evaluations
     are reused (its recipe must match in everything but the RL settings), so RL
     variants can be compared from one warm-up.
+    resume: continue the demo in run_dir, made with the same recipe: the stages it
+    measured (evaluations with their episodes, the finished SFT warm-up) are reused,
+    RL resumes from its latest checkpoint, and only what is missing runs.
+    skip_oracle: leave the oracle's evaluation (the ceiling) out.
     """
     check_recipe(recipe)  # a typo fails here, not at the stage that reads it
     run_dir = Path(run_dir)
+    if resume and sft_from is not None:
+        raise ValueError("--sft-from starts a new demo; give it without --resume")
+    done = measured_stages(run_dir, recipe) if resume else {"stages": {}, "timing_s": {}}
     previous = load_sft_run(sft_from, recipe) if sft_from is not None else None
     run_dir.mkdir(parents=True, exist_ok=True)
     save_recipe(recipe, run_dir / "recipe.yaml")
@@ -55,18 +66,29 @@ def run_demo(
         results["timing_s"][name] = time.perf_counter() - tick
         return value
 
+    def record() -> None:
+        write_json_atomic(run_dir / STAGES_FILE, {"stages": results["stages"], "timing_s": results["timing_s"]})
+
     def held_out(name: str, oracle: bool = False) -> None:
+        if name in done["stages"] and (run_dir / f"eval-{name}.parquet").is_file():  # --resume: measured
+            metrics = results["stages"][name] = done["stages"][name]
+            results["timing_s"][f"eval:{name}"] = done["timing_s"].get(f"eval:{name}", 0.0)
+            say(f"eval {name}: reward {metrics['reward']:.3f} (measured before, reused)")
+            record()
+            return
         with item_progress(f"eval {name}", eval_recipe.eval.episodes) as advance:
             result = stage(f"eval:{name}", lambda: evaluate(eval_recipe, policy, advance, oracle=oracle))
         save_trajectories(result.trajectories, run_dir / f"eval-{name}.parquet")
         metrics = results["stages"][name] = result.metrics
         parts = [f"{key} {value:.3f}" for key, value in metrics.get("components", {}).items() if value == value]
         say(f"eval {name}: reward {metrics['reward']:.3f}  " + "  ".join(parts[:4]))
+        record()
 
     if previous is not None and previous.stages:
         results["stages"].update(stage("reuse", lambda: _reused_evaluations(previous, run_dir, recipe, policy)))
     else:  # a fresh run, or a reused warm-up whose episodes would differ: evaluate again
-        held_out("oracle", oracle=True)
+        if not skip_oracle:
+            held_out("oracle", oracle=True)
         held_out("base")
     if previous is not None:
         load_adapter_weights(policy.model, previous.weights)
@@ -74,11 +96,21 @@ def run_demo(
         if not previous.stages:
             held_out("sft")
     elif recipe.sft.steps > 0:
-        with item_progress("SFT steps", recipe.sft.steps) as advance:
-            stage("sft", lambda: warm_up(recipe, policy, run_dir / "sft", advance))
+        if resume and (run_dir / "sft" / MANIFEST).is_file():  # warmed up before the demo stopped
+            load_adapter_weights(policy.model, run_dir / "sft")
+            results["timing_s"]["sft"] = done["timing_s"].get("sft", 0.0)
+            say("sft: warmed up before, reused")
+        else:
+            shutil.rmtree(run_dir / "sft", ignore_errors=True)  # a warm-up cut short (only under --resume)
+            with item_progress("SFT steps", recipe.sft.steps) as advance:
+                stage("sft", lambda: warm_up(recipe, policy, run_dir / "sft", advance))
+            record()
         held_out("sft")
     if recipe.train.steps > 0:
-        stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy))
+        if "rl" in done["stages"] and (run_dir / "eval-rl.parquet").is_file():  # trained and measured
+            results["timing_s"]["rl"] = done["timing_s"].get("rl", 0.0)
+        else:
+            stage("rl", lambda: _train_rl(recipe, run_dir / "rl", policy, resume))
         held_out("rl")
         if "sft" in results["stages"]:
             results.update(_rl_gain(run_dir))
@@ -87,6 +119,25 @@ def run_demo(
     plot_stages(results, run_dir / "stages.png")
     write_json_atomic(run_dir / "results.json", results)
     return results
+
+
+def measured_stages(run_dir: Path, recipe: Recipe) -> dict[str, Any]:
+    """What a demo in run_dir measured ({"stages", "timing_s"}: STAGES_FILE, or the
+    results.json of a finished one), after checking it ran `recipe` (--resume)."""
+    saved = run_dir / "recipe.yaml"
+    if not saved.is_file():
+        raise RunDirError(f"{run_dir}: no demo to resume (no recipe.yaml); start it without --resume")
+    changes = recipe_changes(to_dict(load_recipe(saved)), to_dict(recipe), allowed=())
+    if changes:
+        more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
+        raise RunDirError(f"--resume with a changed recipe: {changes[0]}{more}; give the recipe and overrides "
+                          f"of {saved}, or reuse its warm-up for other RL settings with --sft-from {run_dir} "
+                          "--out NEW")  # fmt: skip
+    for name in (STAGES_FILE, "results.json"):
+        if (run_dir / name).is_file():
+            record = json.loads((run_dir / name).read_text())
+            return {"stages": record.get("stages", {}), "timing_s": record.get("timing_s", {})}
+    return {"stages": {}, "timing_s": {}}
 
 
 def _rl_gain(run_dir: Path) -> dict[str, Any]:
@@ -250,6 +301,9 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     return _SFTRun(run_dir, weights, {})
 
 
-def _train_rl(recipe: Recipe, run_dir: Path, policy: Any) -> None:
-    with training_progress(recipe.train.steps) as on_step:
-        rl_trainer(recipe, run_dir, policy=policy).train(on_step)
+def _train_rl(recipe: Recipe, run_dir: Path, policy: Any, resume: bool = False) -> None:
+    """RL from `policy`; resume: from run_dir's latest checkpoint, when there is one."""
+    trainer = rl_trainer(recipe, run_dir, policy=policy)
+    start = trainer.resume() if resume else 0
+    with training_progress(recipe.train.steps, start) as on_step:
+        trainer.train(on_step)
