@@ -103,6 +103,15 @@ def test_bad_stage_lists_fail_before_loading_anything():
         check_pipeline(_recipe(["pipeline.stages=[sft, ppo]"]))
     with pytest.raises(ValueError, match="choose `dpo` or `rl`"):
         check_pipeline(_recipe(["pipeline.stages=[dpo, rl]"]))
+    for override, message in [
+        ("data.tool_style=chatml", "data.tool_style: unknown tool style 'chatml'; valid: hermes, inline, template"),
+        ("selection.strategy=best",
+         "selection.strategy: unknown selection strategy 'best'; valid: diversity, hybrid, loss_topk, none, random"),
+        ("dpo.loss=kto", "dpo.loss: unknown preference loss 'kto'; valid: hinge, ipo, sigmoid"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            check_pipeline(_recipe([override]))
+        assert str(err.value) == message
 
 
 def test_sampled_preferences_keep_best_over_worst_only():

@@ -113,13 +113,9 @@ def check_pipeline(recipe: PipelineRecipe) -> None:
         raise ValueError("pipeline.stages: choose `dpo` or `rl`, not both")
     if len(set(stages)) != len(stages):
         raise ValueError(f"pipeline.stages: a stage is listed twice in {stages}")
-    PREFERENCE_LOSSES.get(recipe.dpo.loss)
-    if recipe.data.tool_style not in STYLES:
-        raise ValueError(f"data.tool_style: unknown '{recipe.data.tool_style}'; valid: {', '.join(STYLES)}")
-    if recipe.selection.strategy not in STRATEGIES:
-        raise ValueError(
-            f"selection.strategy: unknown '{recipe.selection.strategy}'; valid: {', '.join(STRATEGIES)}"
-        )
+    PREFERENCE_LOSSES.check(recipe.dpo.loss, "dpo.loss")
+    STYLES.check(recipe.data.tool_style, "data.tool_style")
+    STRATEGIES.check(recipe.selection.strategy, "selection.strategy")
     check_recipe(recipe)
     # Data files are read once here too: a broken or unusable file fails before any stage writes
     if "sft" in stages and recipe.data.sft_path:
