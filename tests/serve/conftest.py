@@ -96,9 +96,8 @@ def train_adapter(transcripts: list[tuple[dict, str]], steps: int, base=None, lr
     for body, reply in transcripts:
         plan = plan_chat(ChatRequest.model_validate({**body, "model": model}))
         prompt = tokenizer.apply_chat_template(plan.messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer.encode(prompt + plan.prefill, add_special_tokens=False)
-        rest = reply.removeprefix(plan.prefill)  # a forced call's opening is in the prompt
-        reply_ids = tokenizer.encode(rest, add_special_tokens=False) + [tokenizer.eos_token_id]
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        reply_ids = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
         examples.append((torch.tensor([prompt_ids + reply_ids]), len(prompt_ids)))
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(trainable, lr=lr)

@@ -53,8 +53,6 @@ def register(commands: Any) -> None:
     serve.add_argument("--max-batch-size", type=int, default=32, help="most requests generated in one batch")
     serve.add_argument("--batch-window-ms", type=float, default=5.0,
                        help="how long a batch waits for more requests to join it")
-    serve.add_argument("--retries", type=int, default=2,
-                       help="extra attempts when a sampled reply misses a forced tool call or response_format")
     serve.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"],
                        help="who generates (see above); default auto")
     serve.add_argument("--vllm-url", help="a running vLLM server to generate on (started with --enable-lora and "
@@ -83,7 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model=args.model, adapters=parse_adapter_flags(args.adapter), host=args.host, port=args.port,
         api_key=args.api_key or api_key_from_env(), max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
-        batch_window_ms=args.batch_window_ms, retries=args.retries, device=args.device, seed=args.seed,
+        batch_window_ms=args.batch_window_ms, device=args.device, seed=args.seed,
         backend=args.backend, vllm_url=args.vllm_url, vllm_python=args.vllm_python,
         vllm_start_timeout_s=args.vllm_start_timeout, vllm_timeout_s=args.vllm_timeout, users=args.users,
     )  # fmt: skip

@@ -31,7 +31,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ponder.serve.batcher import Job, JobResult
-from ponder.serve.chat import TOOL_OPEN, ChatPlan, ChatReply, cut_at_stop, holdback_start, plan_chat, read_reply
+from ponder.serve.chat import (
+    TOOL_OPEN, CallDeltas, ChatPlan, ChatReply, cut_at_stop, holdback_start, plan_chat, read_reply,
+)
 from ponder.serve.engine import ModelServer
 from ponder.serve.errors import APIError, bad_request, model_output_error
 from ponder.serve.protocol import (
@@ -168,12 +170,13 @@ async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResp
         adapter = await asyncio.to_thread(server.users.route, user)
     _check_choices(server, request.n, request.stream)
     plan = plan_chat(request)
-    prompt_ids = server.encode_chat(plan.messages, plan.prefill)
+    server.check_constraint(plan.constraint)
+    prompt_ids = server.encode_chat(plan.messages)
     budget = server.token_budget(prompt_ids, max_tokens_of(request))
     stops = stop_list(request.stop)
 
     def job(on_text: Callable[[str], None] | None = None) -> Job:
-        return Job(prompt_ids, budget, adapter, request.temperature, request.top_p, stops, on_text)
+        return Job(prompt_ids, budget, adapter, request.temperature, request.top_p, stops, on_text, plan.constraint)
 
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
 
@@ -184,17 +187,12 @@ async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResp
             await asyncio.to_thread(server.users.log, user, plan.messages, text, result.adapter, meta["id"])
 
     usage_wanted = bool(request.stream_options and request.stream_options.include_usage)
-    if request.stream and not (plan.forced or plan.json_mode):
+    if request.stream:
         events = _stream_chat(server, job, plan, stops, meta, len(prompt_ids), usage_wanted, log)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    attempts = 1 + (server.config.retries if request.temperature > 0 and (plan.forced or plan.json_mode) else 0)
-    results = await asyncio.gather(*[_chat_choice(server, job, plan, stops, attempts) for _ in range(request.n)])
+    results = await asyncio.gather(*[_chat_choice(server, job, plan, stops) for _ in range(request.n)])
     used = sum(tokens for _, _, tokens, _ in results)
     await log(*results[0][3])
-    if request.stream:
-        reply, finish, _, _ = results[0]
-        events = _replay_chat(reply, finish, meta, _usage(len(prompt_ids), used) if usage_wanted else None)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     choices = [{"index": i, "message": _message(reply), "logprobs": None, "finish_reason": finish}
                for i, (reply, finish, _, _) in enumerate(results)]  # fmt: skip
     body = {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(len(prompt_ids), used)}
@@ -202,24 +200,28 @@ async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResp
 
 
 async def _chat_choice(
-    server: ModelServer, job: Callable[[], Job], plan: ChatPlan, stops: list[str], attempts: int
+    server: ModelServer, job: Callable[[], Job], plan: ChatPlan, stops: list[str]
 ) -> tuple[ChatReply, str, int, tuple[str, JobResult]]:
-    """One choice: (reply, finish_reason, tokens generated over all attempts, (the text the
-    model wrote, its result)); a reply that misses a forced tool call or the
-    response_format is retried, then refused (422)."""
-    used = 0
-    for _ in range(attempts):
-        result = await server.generate(job())
-        used += len(result.token_ids)
-        text, _ = cut_at_stop(result.text, stops)
-        reply = read_reply(plan.prefill + text, plan)
-        if reply.problem is None:
-            finish = "tool_calls" if reply.tool_calls else result.finish_reason
-            return reply, finish, used, (plan.prefill + text, result)
-    what, code = ("a valid tool call", "tool_choice_unmet") if plan.forced else ("JSON that fits response_format",
-                                                                                  "response_format_unmet")  # fmt: skip
-    tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
-    raise model_output_error(f"the model did not write {what} in {tries}: {reply.problem}", code)
+    """One choice: (reply, finish_reason, tokens generated, (the text the model wrote, its
+    result)). A forced call or response_format is sampled to match, so only a reply cut
+    short by max_tokens can miss it: refused (422) saying so."""
+    result = await server.generate(job())
+    text, _ = cut_at_stop(result.text, stops)
+    reply = read_reply(text, plan)
+    unmet(reply, plan, result)
+    finish = "tool_calls" if reply.tool_calls else result.finish_reason
+    return reply, finish, len(result.token_ids), (text, result)
+
+
+def unmet(reply: ChatReply, plan: ChatPlan, result: JobResult) -> None:
+    """A 422 when the reply misses what the request demands (it was cut at max_tokens)."""
+    if reply.problem is None:
+        return
+    what, code = ("tool call", "tool_choice_unmet") if plan.forced else ("JSON of response_format",
+                                                                          "response_format_unmet")  # fmt: skip
+    why = (f"max_tokens ({len(result.token_ids)}) ran out before the {what} was complete; raise max_tokens"
+           if result.finish_reason == "length" else f"the model did not write a valid {what}")
+    raise model_output_error(f"{why}: {reply.problem}", code)
 
 
 def _message(reply: ChatReply) -> dict[str, Any]:
@@ -242,21 +244,6 @@ def _usage_chunk(meta: dict[str, Any], usage: dict[str, int]) -> str:
     return sse({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage})
 
 
-async def _replay_chat(
-    reply: ChatReply, finish: str, meta: dict[str, Any], usage: dict[str, int] | None
-) -> AsyncIterator[str]:
-    """A finished, checked reply as a stream."""
-    yield _chat_chunk(meta, {"role": "assistant", "content": ""})
-    if reply.content:
-        yield _chat_chunk(meta, {"content": reply.content})
-    for event in _call_deltas(meta, reply.tool_calls):
-        yield event
-    yield _chat_chunk(meta, {}, finish)
-    if usage is not None:
-        yield _usage_chunk(meta, usage)
-    yield DONE
-
-
 class _LiveText:
     """The text of one job as it is generated, for streaming: `deltas()` yields what can
     be shown (see holdback_start); `finish()` the job's result once it is done."""
@@ -269,6 +256,11 @@ class _LiveText:
         self.future.add_done_callback(lambda _: loop.call_soon_threadsafe(self.updates.put_nowait, None))
         self.markers = markers
         self.sent = 0
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The whole text so far, after every token (for readers that parse it)."""
+        while (text := await self.updates.get()) is not None:
+            yield text
 
     async def deltas(self) -> AsyncIterator[str]:
         while (text := await self.updates.get()) is not None:
@@ -285,31 +277,53 @@ async def _stream_chat(
     server: ModelServer, make_job: Callable[..., Job], plan: ChatPlan, stops: list[str], meta: dict[str, Any],
     prompt_tokens: int, usage_wanted: bool, log: Callable[[str, JobResult], Awaitable[None]],
 ) -> AsyncIterator[str]:  # fmt: skip
+    """A chat reply as it is generated: content deltas, or, for a forced tool choice, the
+    calls' deltas (name first, then the arguments as they grow)."""
     live = _LiveText(server, make_job, stops + ([TOOL_OPEN] if plan.tools else []))
+    calls = CallDeltas() if plan.forced else None
     try:
         yield _chat_chunk(meta, {"role": "assistant", "content": ""})
-        async for delta in live.deltas():
-            yield _chat_chunk(meta, {"content": delta})
+        async for chunk in _content_chunks(live, meta) if calls is None else _call_chunks(live, calls, meta):
+            yield chunk
         try:
             result = live.finish()
+            text, _ = cut_at_stop(result.text, stops)
+            reply = read_reply(text, plan)
+            await log(text, result)
+            unmet(reply, plan, result)
         except Exception as exc:  # the status line has gone out: the error travels as an event
             yield sse(api_error_from(exc).body())
             yield DONE
             return
-        text, _ = cut_at_stop(result.text, stops)
-        reply = read_reply(text, plan)
-        await log(text, result)
-        rest = text[live.sent : text.find(TOOL_OPEN)] if reply.tool_calls else text[live.sent :]
-        if rest.strip() or (rest and not reply.tool_calls):
-            yield _chat_chunk(meta, {"content": rest})
-        for event in _call_deltas(meta, reply.tool_calls):
-            yield event
+        for chunk in _closing_chunks(meta, text, reply, live.sent, calls):
+            yield chunk
         yield _chat_chunk(meta, {}, "tool_calls" if reply.tool_calls else result.finish_reason)
         if usage_wanted:
             yield _usage_chunk(meta, _usage(prompt_tokens, len(result.token_ids)))
         yield DONE
     finally:
         live.job.cancelled = True  # a no-op once it is done; ends its row if the client left
+
+
+async def _content_chunks(live: _LiveText, meta: dict[str, Any]) -> AsyncIterator[str]:
+    async for delta in live.deltas():
+        yield _chat_chunk(meta, {"content": delta})
+
+
+async def _call_chunks(live: _LiveText, calls: CallDeltas, meta: dict[str, Any]) -> AsyncIterator[str]:
+    async for text in live.texts():
+        for delta in calls.feed(text):
+            yield _chat_chunk(meta, {"tool_calls": [delta]})
+
+
+def _closing_chunks(meta: dict[str, Any], text: str, reply: ChatReply, sent: int,
+                    calls: CallDeltas | None) -> list[str]:  # fmt: skip
+    """What is left to stream once the reply is complete."""
+    if calls is not None:
+        return [_chat_chunk(meta, {"tool_calls": [delta]}) for delta in calls.feed(text)]
+    rest = text[sent : text.find(TOOL_OPEN)] if reply.tool_calls else text[sent:]
+    chunks = [_chat_chunk(meta, {"content": rest})] if rest.strip() or (rest and not reply.tool_calls) else []
+    return chunks + _call_deltas(meta, reply.tool_calls)
 
 
 # --- completions ---------------------------------------------------------------------

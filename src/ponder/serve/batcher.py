@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop
+from ponder.rollout.constrain import Constraint
 from ponder.serve.adapters import AdapterBackend
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class Job:
     on_text: for streaming, called on the worker thread with the decoded text so far
         after every token (stop strings not yet cut).
     cancelled: set by the server when the client has gone; its row ends at the next token.
+    constraint: what the completion is sampled to match (ponder.rollout.constrain), or None.
     """
 
     context_ids: list[int]
@@ -49,6 +51,7 @@ class Job:
     top_p: float
     stop: list[str] = field(default_factory=list)
     on_text: Callable[[str], None] | None = None
+    constraint: Constraint | None = None
     key: str = field(default_factory=lambda: uuid.uuid4().hex)
     future: Future = field(default_factory=Future)
     cancelled: bool = False
@@ -139,7 +142,7 @@ class Batcher:
 
     def _generate(self, batch: list[Job]) -> None:
         first = batch[0]
-        requests = [GenerationRequest(job.key, job.context_ids, job.max_new_tokens) for job in batch]
+        requests = [GenerationRequest(job.key, job.context_ids, job.max_new_tokens, job.constraint) for job in batch]
         with self.lock:
             adapter = self.backend.resolve(first.adapter)
             self.backend.adapter = adapter

@@ -9,10 +9,13 @@ with the tool's name by the Hermes parser, so a served model meets the protocol 
 was trained in. Its reply goes through the same HermesParser; calls become OpenAI
 `tool_calls` (arguments as JSON text, the one place they are text).
 
-A forced tool choice (`required` or a named function) also opens the assistant turn
-with the call's first characters (`<tool_call>\\n{"name": "`, plus the name when one
-is forced): the model can only continue a call, which is the cheap part of
-constrained decoding; `check_forced_calls` checks the rest.
+What a request promises is sampled, not checked afterwards: a forced tool choice
+(`required` or a named function) constrains the reply to Hermes calls of the offered
+tools (or the named one) whose arguments match the tool's schema, and `response_format`
+to JSON of its schema (ponder.rollout.constrain). `strict: true` tools have their
+schemas compiled exactly (a keyword the grammar library lacks is a 400); the others
+leniently (such a keyword is ignored), so a small model's arguments validate either way. `read_reply` still reads what came out, and says why a
+reply cut short by max_tokens does not meet the request.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import jsonschema
 
 from ponder.agent.openai_http import tool_calls_as_hermes
 from ponder.agent.prompt import system_prompt
+from ponder.rollout.constrain import Constraint, tool_calls
 from ponder.serve.errors import bad_request
 from ponder.serve.protocol import ChatMessage, ChatRequest, forced_tool
 from ponder.tools.parsers import HermesParser
@@ -40,22 +44,22 @@ class ChatPlan:
     """What to generate for one chat request.
 
     messages: plain {role, content} messages for the tokenizer's chat template.
-    prefill: text the assistant turn starts with (part of the reply).
     tools: the tools offered (empty: the reply is not read for calls).
     forced: None, `required`, or the one tool's name (tool_choice).
     schema / json_mode: response_format's JSON Schema, or json_object.
+    constraint: what the reply is sampled to match (forced calls, response_format), or None.
     """
 
     messages: list[dict[str, str]]
-    prefill: str = ""
     tools: list[ToolSpec] = field(default_factory=list)
     forced: str | None = None
     schema: dict[str, Any] | None = None
     json_mode: bool = False
+    constraint: Constraint | None = None
 
 
 def plan_chat(request: ChatRequest) -> ChatPlan:
-    """The prompt messages, prefill and output checks for `request` (checked by protocol)."""
+    """The prompt messages, constraint and output checks for `request` (checked by protocol)."""
     offered = [] if request.tool_choice == "none" else [_spec(tool.function) for tool in request.tools or []]
     forced = forced_tool(request) if offered else None
     response_format = request.response_format
@@ -69,10 +73,13 @@ def plan_chat(request: ChatRequest) -> ChatPlan:
         text = "\n\n".join(part for part in [instructions, *extra] if part)
         instructions = system_prompt("hermes", offered, instructions=text, answer_schema=schema)
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + turns
-    prefill = ""
+    constraint = None
     if forced is not None:
-        prefill = TOOL_OPEN + '\n{"name": "' + ("" if forced == "required" else forced + '", "arguments": ')
-    return ChatPlan(messages, prefill, offered, forced, schema, json_mode)
+        strict = any(tool.function.strict for tool in request.tools or [])
+        constraint = tool_calls(offered, None if forced == "required" else forced, strict, request.parallel_tool_calls)
+    elif json_mode:
+        constraint = Constraint.json_schema(schema if schema is not None else {"type": "object"})
+    return ChatPlan(messages, offered, forced, schema, json_mode, constraint)
 
 
 def _spec(function: Any) -> ToolSpec:
@@ -133,7 +140,7 @@ class ChatReply:
 
 
 def read_reply(text: str, plan: ChatPlan) -> ChatReply:
-    """The model's full reply text (prefill included) as an assistant message."""
+    """The model's full reply text as an assistant message."""
     if plan.tools and TOOL_OPEN in text:
         parsed = HermesParser().parse(text)
         if parsed.calls:
@@ -216,3 +223,42 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """`text` up to the earliest stop string (excluded, as OpenAI does) and whether one occurred."""
     starts = [found for s in stops if (found := text.find(s)) != -1]
     return (text[: min(starts)], True) if starts else (text, False)
+
+
+class CallDeltas:
+    """OpenAI's streamed `tool_calls` deltas from the growing text of a forced reply,
+    Hermes calls as its constraint writes them (`<tool_call>\\n{"name": "N",
+    "arguments": ARGS}\\n</tool_call>`, several joined by a newline): a call's first
+    delta carries its id and name, the next ones what has grown of its arguments. The
+    last characters are held back until a call is complete (they may be its envelope's
+    close, which a JSON string cannot contain: its newline would be escaped)."""
+
+    HEAD = TOOL_OPEN + '\n{"name": "'
+    MIDDLE = '", "arguments": '
+    TAIL = "}\n</tool_call>"
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []  # per call: the characters of its arguments sent
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        deltas: list[dict[str, Any]] = []
+        position, index = 0, 0
+        while (start := text.find(self.HEAD, position)) >= 0:
+            middle = text.find(self.MIDDLE, start + len(self.HEAD))
+            if middle < 0:
+                break
+            if index == len(self.sent):
+                name = json.loads('"' + text[start + len(self.HEAD) : middle] + '"')
+                deltas.append({"index": index, "id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                               "function": {"name": name, "arguments": ""}})  # fmt: skip
+                self.sent.append(0)
+            begin = middle + len(self.MIDDLE)
+            end = text.find(self.TAIL, begin)
+            arguments = text[begin:end] if end >= 0 else text[begin : max(begin, len(text) - len(self.TAIL))]
+            if len(arguments) > self.sent[index]:
+                deltas.append({"index": index, "function": {"arguments": arguments[self.sent[index] :]}})
+                self.sent[index] = len(arguments)
+            if end < 0:
+                break
+            position, index = end + len(self.TAIL), index + 1
+        return deltas

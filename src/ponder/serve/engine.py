@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ponder.models.base_hash import base_model_hash
-from ponder.models.loading import EMBEDDED_NAME, Policy, load_policy
+from ponder.models.loading import EMBEDDED_NAME, load_policy
 from ponder.personal.config import PersonalConfig
+from ponder.rollout.constrain import Constraint, ConstraintError, grammars_for
 from ponder.serve.adapters import AdapterBackend, attach_adapters, find_adapter
 from ponder.serve.batcher import Batcher, Job, JobResult
 from ponder.serve.errors import APIError, bad_request
@@ -42,8 +43,6 @@ class ServeConfig:
     max_choices: the largest `n` (choices per request) and prompts per completion.
     batch_window_ms: how long the worker waits for more requests to join a batch.
     max_batch_size: the most requests generated in one batch.
-    retries: extra attempts when a sampled reply misses a forced tool call or a
-        response_format (greedy replies are not retried: they would repeat).
     cached_samplers: merged adapter copies kept for sampling (LRU; ~0.4 GB each for
         the embedded model).
     device, dtype, seed: where and how the model runs; the sampling seed.
@@ -71,7 +70,6 @@ class ServeConfig:
     max_choices: int = 8
     batch_window_ms: float = 5.0
     max_batch_size: int = 32
-    retries: int = 2
     cached_samplers: int = 3
     device: str = "auto"
     dtype: str = "float32"
@@ -88,8 +86,8 @@ class ServeConfig:
         for name in ("max_tokens_limit", "max_body_bytes", "max_choices", "max_batch_size", "cached_samplers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.retries < 0 or self.batch_window_ms < 0:
-            raise ValueError("retries and batch_window_ms must be >= 0")
+        if self.batch_window_ms < 0:
+            raise ValueError("batch_window_ms must be >= 0")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, got {self.port}")
         if self.api_key is not None and not self.api_key.strip():
@@ -161,6 +159,9 @@ class ModelServer:
         # at once can fail with "Already borrowed").
         self.tokenizer = copy.deepcopy(tokenizer)
         self.context_limit = context_limit
+        # what a constraint is checked against here (the generator compiles its own copy)
+        self.eos_ids = {tokenizer.eos_token_id}
+        self.vocab_size = len(tokenizer)
 
     @classmethod
     def load(cls, config: ServeConfig) -> ModelServer:
@@ -186,7 +187,9 @@ class ModelServer:
                                  lambda: load_policy(config.model, config.dtype, config.device), config.personal,
                                  base_hash)  # fmt: skip
         context_limit = int(getattr(policy.model.config, "max_position_embeddings", 0) or 1 << 30)
-        return cls(config, batcher, policy.tokenizer, context_limit, "hf", users)
+        server = cls(config, batcher, policy.tokenizer, context_limit, "hf", users)
+        server.eos_ids, server.vocab_size = backend.eos_ids, policy.model.config.vocab_size
+        return server
 
     def close(self) -> None:
         if self.users is not None:
@@ -213,9 +216,20 @@ class ModelServer:
         raise APIError(404, f"the model {model!r} does not exist; this server has: {served}", "model_not_found",
                        param="model")  # fmt: skip
 
-    def encode_chat(self, messages: list[dict[str, str]], prefill: str) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(prompt + prefill, add_special_tokens=False)
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    def check_constraint(self, constraint: Constraint | None) -> None:
+        """Compile `constraint` now (cached), so one that cannot be met is a 400 naming
+        why before anything is queued."""
+        if constraint is None:
+            return
+        try:
+            grammars_for(self.tokenizer, self.eos_ids, self.vocab_size).matcher(constraint)
+        except ConstraintError as err:
+            param = "tools" if constraint.kind == "lark" else "response_format"
+            raise bad_request(f"{param}: {err}", param=param, code="invalid_schema") from None
 
     def encode_text(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

@@ -32,6 +32,7 @@ class FunctionDef(_Lenient):
     name: str
     description: str = ""
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class ToolDef(_Lenient):
@@ -104,6 +105,7 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[ToolDef] | None = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     user: str | None = None
 

@@ -6,8 +6,9 @@ the next step instead of waiting for the batch to end).
 (rollout/vllm_server.py: 127.0.0.1, a free port, LoRA enabled at the adapters' rank
 rounded up, stopped with ponder) or reaches `--vllm-url`, and loads every `--adapter`
 into it under its served name. Everything a request means is still decided in ponder
-(chat templates, tool prompts, forced-call prefills, response_format checks, stop
-strings, finish reasons), so both backends answer alike: a job is sent as its prompt
+(chat templates, tool prompts, the constraint of forced calls and response_format,
+stop strings, finish reasons), so both backends answer alike; a constraint travels as
+vLLM's `structured_outputs` (its guidance backend reads the same llguidance grammars): a job is sent as its prompt
 token ids to vLLM's /v1/completions with `stream: true`, the token ids that come back
 are decoded here and fed through the same per-token hook as ponder's batcher
 (batcher.observe_tokens: stop strings, streaming text, cancellation). A job whose
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ponder.httpretry import one_line
 from ponder.rollout.backend import Generation
+from ponder.rollout.constrain import Constraint
 from ponder.rollout.vllm import model_dir_of
 from ponder.rollout.vllm_server import BackendError, ServerSpec, VLLMServer, lora_rank_for
 from ponder.serve.batcher import Job, job_result, observe_tokens
@@ -223,6 +225,7 @@ class VLLMGenerator:
             # it does for the hf backend.
             "stop": job.stop, "include_stop_str_in_output": True,
             "stop_token_ids": self.eos_ids, "skip_special_tokens": False,
+            **structured_outputs(job.constraint),
         }  # fmt: skip
 
     async def _stream(self, job: Job) -> Generation:
@@ -286,3 +289,13 @@ def _context_limit(server: VLLMServer, base: str) -> int:
         if isinstance(model, dict) and model.get("id") == base and model.get("max_model_len"):
             return int(model["max_model_len"])
     return _LONGEST_CONTEXT
+
+
+def structured_outputs(constraint: Constraint | None) -> dict[str, Any]:
+    """A constraint as vLLM's request field: `json`, `regex`, or `grammar` (Lark, in
+    llguidance's dialect: the server runs with the guidance backend)."""
+    if constraint is None:
+        return {}
+    field = {"json_schema": "json", "regex": "regex", "lark": "grammar"}[constraint.kind]
+    value = json.loads(constraint.source) if constraint.kind == "json_schema" else constraint.source
+    return {"structured_outputs": {field: value}}
