@@ -85,8 +85,42 @@ def test_live_categories_and_unknown_options_are_refused():
         FunctionCallingOptions.from_dict({"categories": ["simple_python", "live_simple"]})
     with pytest.raises(ValueError, match=r"unknown \['n_test'\]; valid: categories, max_description_chars"):
         FunctionCallingOptions.from_dict({"n_test": 3})
-    with pytest.raises(ValueError, match=r"n_train: \{'parallel': 3\}; give a count >= 0 .* or a mapping"):
-        FunctionCallingOptions.from_dict({"categories": ["simple_python"], "n_train": {"parallel": 3}})
+    with pytest.raises(ValueError, match=r"n_train: \{'paralel': 3\}; give a count >= 0 .* or a mapping"):
+        FunctionCallingOptions.from_dict({"categories": ["simple_python"], "n_train": {"paralel": 3}})
+
+
+def test_caps_of_categories_left_out_are_ignored_so_categories_alone_narrows_a_recipe():
+    options = FunctionCallingOptions.from_dict({"categories": ["parallel"], "n_train": {"multiple": 64},
+                                                "n_eval": {"simple_python": 96, "parallel": 5}})  # fmt: skip
+    assert (options.n_train, options.n_eval) == ({}, {"parallel": 5})
+    assert options.cap("n_train", "parallel") is None and options.cap("n_eval", "parallel") == 5
+
+
+def _documented_command() -> list[str]:
+    """docs/guide/evaluation.md's `ponder eval` of a function-calling adapter on other categories."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "evaluation.md").read_text()
+    start = text.index("ponder eval --recipe recipes/function_calling.yaml")
+    return shlex.split(text[start:].split("\n\n")[0].replace("\\\n", " ").splitlines()[0])
+
+
+@needs_bfcl
+def test_a_trained_adapter_is_evaluated_on_the_categories_it_never_saw_in_its_own_format(tmp_path):
+    """The command docs/guide/evaluation.md gives (the shipped recipe, its categories
+    replaced by BFCL's parallel ones, through `ponder eval`: the env's prompt format),
+    run with the tiny model on four questions."""
+    from ponder.cli import main
+
+    argv = _documented_command()
+    assert argv[:2] == ["ponder", "eval"] and "env.options.categories=[parallel,parallel_multiple]" in argv
+    out = tmp_path / "other"
+    argv[argv.index("--model") + 1], argv[argv.index("--out") + 1] = "tiny", str(out)
+    assert main([*argv[1:], "--episodes", "4", f"env.options.venv={VENV}",
+                 "rollout.sampling.max_new_tokens_per_turn=8"]) == 0  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["by_kind"]) == {"parallel", "parallel_multiple"} and metrics["episodes"] == 4
+    assert "bfcl" in metrics["components"]
 
 
 def test_a_missing_bfcl_venv_is_a_one_line_error(tmp_path):

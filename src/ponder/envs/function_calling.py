@@ -19,7 +19,11 @@ Options (env.options):
   seed: the split's seed (default 0).
   n_train / n_eval: at most this many questions per category in each split, in data
       order (0 = all); a mapping category → cap sets them one by one (unnamed: all),
-      e.g. to give irrelevance its BFCL share of a warm-up.
+      e.g. to give irrelevance its BFCL share of a warm-up. A category it names that
+      `categories` leaves out is ignored, so `env.options.categories=[...]` alone
+      narrows a recipe: `ponder eval --recipe recipes/function_calling.yaml --model RUN
+      env.options.categories=[parallel,parallel_multiple]` evaluates a trained adapter
+      on the categories it never saw, in its own prompt format.
   max_description_chars: cut function and argument descriptions to this many
       characters in the prompt (0 = whole); they are most of a prompt's length.
   plan: open the reference solver's reply (the warm-up's demonstrations) with a thought
@@ -85,10 +89,10 @@ class FunctionCallingOptions:
         for name in ("n_train", "n_eval"):
             caps = getattr(parsed, name)
             caps = dict(caps) if isinstance(caps, dict) else {c: caps for c in parsed.categories}
-            if set(caps) - set(parsed.categories) or not all(isinstance(n, int) and n >= 0 for n in caps.values()):
+            if set(caps) - set(CATEGORIES) or not all(isinstance(n, int) and n >= 0 for n in caps.values()):
                 raise ValueError(f"env.options.{name}: {getattr(parsed, name)!r}; give a count >= 0 (0 = all) or a "
-                                 "mapping of the chosen categories to counts")  # fmt: skip
-            setattr(parsed, name, caps)
+                                 f"mapping of categories ({', '.join(CATEGORIES)}) to counts")  # fmt: skip
+            setattr(parsed, name, {c: n for c, n in caps.items() if c in parsed.categories})  # others: not chosen
         if parsed.max_description_chars < 0:
             raise ValueError("env.options.max_description_chars must be >= 0 (0 = whole descriptions)")
         return parsed
