@@ -33,6 +33,10 @@ def test_a_reloaded_definition_is_the_same_entry():
     assert reg.get("d") is namespace["double"]
     with pytest.raises(ValueError, match="already registered"):  # two lambdas are two definitions
         reg.add("l", lambda: 1) or reg.add("l", lambda: 2)
+    reg.add("s", "a description " + "of it")
+    reg.add("s", "a description of it")  # equal plain data: the same entry
+    with pytest.raises(ValueError, match="already registered"):
+        reg.add("s", "another description")
 
 
 def test_an_unknown_name_lists_the_valid_ones_in_one_line():

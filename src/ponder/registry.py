@@ -29,9 +29,9 @@ class Registry(Generic[T]):
     (``{"needs_values": False}``); an undeclared one is refused at registration.
 
     A name is registered once: a second, different object under a taken name raises
-    (two plug-ins cannot silently shadow each other). The same object again, or the
-    same definition re-executed (a reloaded module: same module and qualified name),
-    is accepted.
+    (two plug-ins cannot silently shadow each other). The same object again, equal
+    plain data, or the same definition re-executed (a reloaded module: same module
+    and qualified name; never two lambdas) is accepted.
     """
 
     def __init__(self, kind: str, traits: Mapping[str, Any] | None = None) -> None:
@@ -102,8 +102,8 @@ class Registry(Generic[T]):
 
 
 def _same_definition(old: object, new: object) -> bool:
-    if old is new:
-        return True
+    if old is new or (isinstance(old, (str, bytes, int, float, tuple)) and type(old) is type(new) and old == new):
+        return True  # the same object, or equal plain data (a description)
     module, qualname = getattr(old, "__module__", None), getattr(old, "__qualname__", None)
     if module is None or qualname is None or "<lambda>" in qualname:
         return False

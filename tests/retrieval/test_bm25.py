@@ -69,7 +69,7 @@ def test_top_indices_breaks_ties_by_corpus_position():
 
 def test_build_retriever_kinds():
     assert isinstance(build_retriever("bm25", DOCS), BM25Retriever)
-    with pytest.raises(ValueError, match="valid kinds: bm25, dense, hybrid, http"):
+    with pytest.raises(ValueError, match="^unknown retriever kind 'splade'; valid: bm25, dense, http, hybrid$"):
         build_retriever("splade", DOCS)
     with pytest.raises(ValueError, match="needs a non-empty list of documents"):
         build_retriever("bm25", None)
