@@ -12,6 +12,7 @@ from typing import Any
 from ponder.config import Recipe
 from ponder.envs.base import EnvContext, EnvSpec, load_tasks_from, resolve_env
 from ponder.models import Policy
+from ponder.models.chat import encode_chat
 from ponder.rewards import CompositeReward
 
 
@@ -90,8 +91,7 @@ def policy_completion(policy: Policy | None, max_tokens: int) -> Any:
         if policy is None:
             raise RuntimeError("reward.judge.self_judge: no policy was given to judge with")
         tokenizer = policy.tokenizer
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)], device=policy.device)
+        ids = torch.tensor([encode_chat(tokenizer, messages)], device=policy.device)
         with torch.no_grad():
             out = policy.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                         do_sample=False, pad_token_id=tokenizer.pad_token_id)  # fmt: skip

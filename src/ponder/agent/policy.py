@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ponder.models.chat import encode_chat
 from ponder.rollout.backend import GenerationBackend, GenerationRequest, first_stop
 
 TextCallback = Callable[[str], None]
@@ -76,8 +77,7 @@ class BackendPolicy:
     def render(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt token ids: chat template with the assistant turn opened."""
         plain = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
-        prompt = self.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(prompt, add_special_tokens=False)
+        return encode_chat(self.tokenizer, plain)
 
     def complete(
         self,

@@ -28,6 +28,7 @@ from ponder.config import DPOConfig, LoraConfig
 from ponder.data.format import TokenizedExample
 from ponder.models.adapters import is_lora
 from ponder.models.base_hash import base_model_hash
+from ponder.models.chat import encode_chat
 from ponder.models.loading import Policy
 from ponder.models.lora import apply_lora
 from ponder.personal.config import PersonalConfig
@@ -51,8 +52,7 @@ def pair_examples(
     template with the generation prompt), and how many were left out as too long."""
     examples, too_long = [], 0
     for index, pair in enumerate(pairs):
-        prompt = tokenizer.apply_chat_template(pair.messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        prompt_ids = encode_chat(tokenizer, pair.messages)
         chosen = response_example(prompt_ids, pair.chosen, tokenizer, f"pair-{index}")
         rejected = response_example(prompt_ids, pair.rejected, tokenizer, f"pair-{index}")
         if max(len(chosen.input_ids), len(rejected.input_ids)) > max_tokens:

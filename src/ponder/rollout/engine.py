@@ -18,6 +18,7 @@ from typing import Callable
 
 from ponder.config import RolloutConfig
 from ponder.envs.base import Env, close_env, opening_of
+from ponder.models.chat import encode_chat
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest
 from ponder.types import Task, Trajectory, Turn
 
@@ -105,8 +106,7 @@ class RolloutEngine:
         except BaseException:
             close_env(env)
             raise
-        prompt = self.tokenizer.apply_chat_template(opening.messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        prompt_ids = encode_chat(self.tokenizer, opening.messages)
         trajectory = Trajectory(task_id=task.id, prompt_ids=prompt_ids, group_id=task.id)
         return _Episode(f"{task.id}#{sample}", task, env, trajectory, list(prompt_ids))
 

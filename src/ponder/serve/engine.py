@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ponder.models.base_hash import base_model_hash
+from ponder.models.chat import encode_chat
 from ponder.models.loading import EMBEDDED_NAME, load_policy
 from ponder.personal.config import PersonalConfig
 from ponder.rollout.constrain import Constraint, ConstraintError, grammars_for
@@ -217,8 +218,7 @@ class ModelServer:
                        param="model")  # fmt: skip
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.tokenizer.encode(prompt, add_special_tokens=False)
+        return encode_chat(self.tokenizer, messages)
 
     def check_constraint(self, constraint: Constraint | None) -> None:
         """Compile `constraint` now (cached), so one that cannot be met is a 400 naming
