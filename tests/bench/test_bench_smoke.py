@@ -72,3 +72,12 @@ def test_lora_linear_smoke(tmp_path):
     rows = {line.split(" | ")[0].lstrip("| "): float(line.split(" | ")[1]) for line in stdout.splitlines()
             if line.startswith("| PEFT") or line.startswith("| ponder")}
     assert set(rows) == {"PEFT's Linear", "ponder's fused LoRA linear"} and all(ms > 0 for ms in rows.values())
+
+
+def test_constrained_decoding_smoke(tmp_path):
+    out = tmp_path / "constrained.json"
+    stdout = _run("constrained_decoding.py", tmp_path, "--out", str(out))
+    results = json.loads(out.read_text())
+    assert [row["batch"] for row in results["rows"]] == [1, 2] and "compile a schema" in stdout
+    assert all(row["free_tok_s"] > 0 and row["constrained_tok_s"] > 0 for row in results["rows"])
+    assert results["cached_ms"] < results["compile_ms"]
