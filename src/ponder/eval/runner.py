@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ponder.config import Recipe, save_recipe
+from ponder.envs.base import EnvSpec
 from ponder.eval.metrics import summarise
 from ponder.fileio import write_json_atomic
 from ponder.models import Policy, load_policy
@@ -57,6 +58,17 @@ def evaluate(
     if recipe.eval.split not in ("eval", "train"):
         raise EvalInputError(f"eval.split: unknown '{recipe.eval.split}'; valid: eval, train")
     spec = build_env(recipe, policy.tokenizer)
+    try:  # the factory (what its episodes share: a sandbox pool …) closes when they are scored
+        return _evaluate_on(spec, recipe, policy, on_episode_done, on_ready, oracle, loaded)
+    finally:
+        spec.close()
+
+
+def _evaluate_on(
+    spec: EnvSpec, recipe: Recipe, policy: Policy, on_episode_done: Callable[[Trajectory], None] | None,
+    on_ready: Callable[[int], None] | None, oracle: bool, loaded: bool,
+) -> EvalResult:
+    """evaluate's episodes: the split's first eval.episodes tasks, rolled out and scored."""
     split = spec.split(recipe.eval.split)
     if not split:
         raise EvalInputError(
