@@ -181,3 +181,23 @@ def mask_logits(logits: torch.Tensor, matchers: list[Matcher | None]) -> torch.T
     index = torch.tensor(rows, device=logits.device)
     logits[index] = logits[index].masked_fill(forbidden, float("-inf"))
     return logits
+
+
+def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, parallel: bool = True) -> Constraint:
+    """The reply is one or more Hermes tool calls (`<tool_call>\\n{"name": …, "arguments":
+    …}\\n</tool_call>`, the format ponder's parser reads) to one of `tools` (ToolSpecs),
+    or to the one named `name`, each call's arguments matching its tool's JSON Schema.
+    strict=False compiles the schemas leniently (keywords llguidance does not implement
+    are ignored, not refused). `parallel` allows up to MAX_PARALLEL_CALLS calls (a model
+    that repeats itself would otherwise call until max_tokens)."""
+    offered = [tool for tool in tools if name is None or tool.name == name]
+    if not offered:
+        raise ConstraintError(f"tool_choice names {name!r}, which is not among the tools offered")
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": tool.name}, "arguments": tool.parameters}}
+             for tool in offered]  # fmt: skip
+    options = {**JSON_OPTIONS, "lenient": not strict}
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": options}
+    call = json.dumps(schema, sort_keys=False, ensure_ascii=False)
+    repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
+    return Constraint.lark(f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {call}\n')
