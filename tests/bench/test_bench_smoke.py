@@ -81,3 +81,11 @@ def test_constrained_decoding_smoke(tmp_path):
     assert [row["batch"] for row in results["rows"]] == [1, 2] and "compile a schema" in stdout
     assert all(row["free_tok_s"] > 0 and row["constrained_tok_s"] > 0 for row in results["rows"])
     assert results["cached_ms"] < results["compile_ms"]
+
+
+def test_structured_outputs_smoke(tmp_path):
+    out = tmp_path / "structured.json"
+    stdout = _run("structured_outputs.py", tmp_path, "--out", str(out))
+    results = json.loads(out.read_text())
+    assert results["tool_choice at temperature 1"] == {**results["tool_choice at temperature 1"], "valid": 3}
+    assert "streamed and whole greedy calls agree: 2/2" in stdout
