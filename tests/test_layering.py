@@ -11,10 +11,10 @@ from pathlib import Path
 import ponder
 
 SRC = Path(ponder.__file__).parent
-# Leaf helpers any layer may use: atomic file writes, HTTP retries, import paths, and
-# the one name registry (a leaf, so that algos, which may import only types, and the
-# layers above it register the same way).
-LEAVES = ("ponder.fileio", "ponder.httpretry", "ponder.plugins", "ponder.registry")
+# Leaf helpers any layer may use: optional-dependency imports (ponder.extras), atomic file
+# writes, HTTP retries, import paths, and the one name registry (a leaf, so that algos,
+# which may import only types, and the layers above it register the same way).
+LEAVES = ("ponder.extras", "ponder.fileio", "ponder.httpretry", "ponder.plugins", "ponder.registry")
 TOP = ("ponder.train", "ponder.jobs", "ponder.serve", "ponder.cli", "ponder.wiring")
 # The environment protocol; every other module under ponder.envs is a particular one.
 ENV_PROTOCOL = ("ponder.envs.base",)

@@ -60,7 +60,7 @@ def test_type_and_default_are_shown():
     assert '`model.name` · str · default `"smollm2-135m"`' in text
     assert "`rollout.sampling.temperature` · float · default `1.0`" in text
     assert "`rollout.vllm_url` · str | None · default `null`" in text
-    assert '`tracking.trackers` · list · default `["tensorboard"]`' in text
+    assert '`tracking.trackers` · list · default `["auto"]`' in text
     assert "`rollout.sampling` · section, below" in text
 
 

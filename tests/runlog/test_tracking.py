@@ -114,13 +114,13 @@ def test_unknown_tracker_and_missing_wandb_are_one_line_errors(tmp_path):
             "from ponder.runlog.tracking import check_trackers\n"
             "try:\n    check_trackers(['tensorboard', 'wandb'])\nexcept ValueError as e:\n    print(e)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "tracking.trackers names wandb, which is not installed: pip install wandb"
+    assert out.strip() == "tracking.trackers: wandb needs ponder[tracking]: pip install 'ponder[tracking]'"
 
 
 def test_recipe_chooses_trackers_and_checks_ranges():
     recipe = load_recipe(None, ["tracking.trackers=[tensorboard, wandb]", "tracking.samples_every=2"])
     assert recipe.tracking.trackers == ["tensorboard", "wandb"] and recipe.tracking.samples_every == 2
-    assert load_recipe(None).tracking.trackers == ["tensorboard"]
+    assert load_recipe(None).tracking.trackers == ["auto"]  # tensorboard when installed (test_auto_...)
     with pytest.raises(ConfigError, match="tracking.samples_every' must be >= 0"):
         load_recipe(None, ["tracking.samples_every=-1"])
 
@@ -156,3 +156,16 @@ def test_rl_trainer_logs_advantages_and_sampled_episodes_to_tensorboard(tmp_path
     table = texts[0].tensor_proto.string_val[0].decode().split("\n")  # model text may hold U+2028 …
     assert table[0] == "| task | question | response | reward |" and len(table) == 2 + 3
     assert os.path.isdir(tmp_path / "tb")
+
+
+def test_auto_is_tensorboard_when_installed_and_nothing_otherwise(tmp_path, monkeypatch, capsys):
+    from ponder.runlog import tracking
+
+    assert tracking.resolve_trackers(["auto", "tensorboard", "wandb"]) == ["tensorboard", "wandb"]
+    _write(tmp_path / "installed", ["auto"])
+    assert list((tmp_path / "installed" / "tb").glob("events.out.tfevents.*"))
+    monkeypatch.setattr(tracking, "available", lambda module: False)  # a core install: no tensorboard
+    assert tracking.resolve_trackers(["auto"]) == []
+    assert "pip install 'ponder[tracking]'" in capsys.readouterr().err
+    _write(tmp_path / "core", ["auto"])
+    assert (tmp_path / "core" / "metrics.jsonl").is_file() and not (tmp_path / "core" / "tb").exists()

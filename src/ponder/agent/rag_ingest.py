@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ponder.extras import require
 from ponder.tools.retrieval import Document
 
 TEXT_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".rst"}
@@ -123,7 +124,7 @@ def _load_csv(path: Path, source: str) -> list[Document]:
 
 
 def _load_pdf(path: Path, source: str, chunk_chars: int, overlap: int) -> list[Document]:
-    import pdfplumber
+    pdfplumber = require("pdfplumber", "rag", "reading PDFs")
 
     documents: list[Document] = []
     try:
@@ -163,9 +164,9 @@ def ocr_available() -> bool:
 
 
 def _load_image(path: Path, source: str, chunk_chars: int, overlap: int) -> list[Document]:
+    pytesseract = require("pytesseract", "rag", "reading images (OCR)")
     if not ocr_available():
         raise IngestError(OCR_MISSING)
-    import pytesseract
     from PIL import Image, UnidentifiedImageError
 
     try:

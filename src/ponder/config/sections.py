@@ -604,16 +604,17 @@ class TrackingConfig:
     (plots, reports and resume read only that file; see ponder.runlog.tracking).
 
     trackers: back-ends, any of `tensorboard` (event files in run_dir/tb: scalars,
-        the advantage histogram, sampled episodes as text) and `wandb` (Weights &
-        Biases, offline only: files in run_dir/wandb that `wandb sync` uploads later;
-        needs `pip install wandb`). Empty = metrics.jsonl alone.
+        the advantage histogram, sampled episodes as text), `wandb` (Weights &
+        Biases, offline only: files in run_dir/wandb that `wandb sync` uploads later)
+        and `auto` (tensorboard when it is installed, else none). Both need
+        ponder[tracking] when named. Empty = metrics.jsonl alone.
     samples_every: every N RL steps, a table of sampled episodes (question, response,
         reward) goes to the trackers (0 = never).
     samples: episodes in that table (the first of the step's batch).
     project: the wandb project name.
     """
 
-    trackers: list = field(default_factory=lambda: ["tensorboard"])
+    trackers: list = field(default_factory=lambda: ["auto"])
     samples_every: int = 5
     samples: int = 4
     project: str = "ponder"

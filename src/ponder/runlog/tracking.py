@@ -12,7 +12,7 @@ uploads them later, by hand): a training run never opens a network connection.
 
 from __future__ import annotations
 
-import importlib
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from ponder.extras import available, require
 from ponder.registry import Registry
 
 TENSORBOARD_DIR = "tb"
@@ -28,6 +29,10 @@ WANDB_ID_FILE = "wandb-run-id"  # in WANDB_DIR: a resumed run keeps its wandb id
 #: tracking.trackers -> builder(run_dir, resume_step, project, config) -> Tracker;
 #: trait `package`: the module it imports (checked before a run, not at its first log line)
 TRACKERS: Registry[Callable[[Path, int | None, str, dict[str, Any]], Any]] = Registry("tracker", {"package": None})
+# The default of tracking.trackers: TensorBoard when ponder[tracking] is installed, else
+# metrics.jsonl alone (a core install trains without it); a tracker named outright must
+# be installed.
+AUTO = "auto"
 # A sampled episode's response in a tracker's table is cut to this many characters:
 # a table is for reading a few at a glance; the trajectories hold them whole.
 MAX_CELL_CHARS = 2000
@@ -46,18 +51,30 @@ class Tracker(Protocol):
 
 
 def check_trackers(names: Sequence[str]) -> None:
-    """Raise ValueError for an unknown tracker name, or for `wandb` when the package
-    is missing (before a run starts, not at its first log line)."""
+    """Raise ValueError for an unknown tracker name, or MissingExtra (a ValueError) for
+    one whose package is not installed (before a run starts, not at its first log line)."""
     for name in names:
-        TRACKERS.check(name, "tracking.trackers")
+        if name != AUTO:
+            TRACKERS.check(name, "tracking.trackers")
     for name in dict.fromkeys(names):
-        package = TRACKERS.trait(name, "package")
-        if package is None:
-            continue
-        try:
-            importlib.import_module(package)
-        except ImportError:
-            raise ValueError(f"tracking.trackers names {name}, which is not installed: pip install {package}") from None
+        package = None if name == AUTO else TRACKERS.trait(name, "package")
+        if package is not None:
+            require(package, "tracking", f"tracking.trackers: {name}")
+
+
+def resolve_trackers(names: Sequence[str]) -> list[str]:
+    """`names` with `auto` replaced by tensorboard when it is installed, else by nothing
+    (one line on stderr says so); a name given twice is one tracker."""
+    resolved = []
+    for name in names:
+        if name != AUTO:
+            resolved.append(name)
+        elif available("tensorboard"):
+            resolved.append("tensorboard")
+        else:
+            print("ponder: TensorBoard is not installed: metrics go to metrics.jsonl alone "
+                  "(pip install 'ponder[tracking]' adds it)", file=sys.stderr)  # fmt: skip
+    return list(dict.fromkeys(resolved))
 
 
 def build_trackers(
@@ -67,19 +84,16 @@ def build_trackers(
     """The trackers `names` asks for, writing under `run_dir`. `resume_step`: the
     checkpoint a resumed run continues from (TensorBoard hides later events)."""
     check_trackers(names)
-    # a name given twice is one tracker
-    return [TRACKERS.get(name)(run_dir, resume_step, project, config or {}) for name in dict.fromkeys(names)]
+    return [TRACKERS.get(name)(run_dir, resume_step, project, config or {}) for name in resolve_trackers(names)]
 
 
 class TensorBoardTracker:
     """Scalars, histograms and text tables in TensorBoard event files."""
 
     def __init__(self, log_dir: Path, resume_step: int | None = None) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as error:  # torch needs the separate `tensorboard` package for this
-            raise ImportError("TensorBoard logging needs the `tensorboard` package: pip install tensorboard "
-                              "(or leave tensorboard out of tracking.trackers)") from error  # fmt: skip
+        require("tensorboard", "tracking", "tracking.trackers: tensorboard")  # torch's writer needs it
+        from torch.utils.tensorboard import SummaryWriter
+
         # purge_step makes TensorBoard hide events at or after it written by the
         # killed run, so a resumed run's steps are not drawn twice.
         purge_step = None if resume_step is None else resume_step + 1
@@ -153,7 +167,7 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-@TRACKERS.register("tensorboard")
+@TRACKERS.register("tensorboard", package="tensorboard")
 def _tensorboard(run_dir: Path, resume_step: int | None, project: str, config: dict[str, Any]) -> Tracker:
     return TensorBoardTracker(run_dir / TENSORBOARD_DIR, resume_step)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import jsonschema
 
+from ponder.extras import require
 from ponder.tools.base import Tool
 from ponder.types import ToolResult, ToolSpec
 
@@ -40,6 +41,7 @@ SPEC_KEYS = ("name", "command", "url", "tools", "timeout_s", "connect_timeout_s"
 # How often a waiting call wakes up: the registry's timeout can only stop it between waits.
 _POLL_S = 0.05
 _CLOSE_WAIT_S = 5.0
+MCP_FEATURE = "env.mcp_servers (tools of MCP servers)"
 
 
 class McpServerError(ValueError):
@@ -158,6 +160,7 @@ class McpConnection:
 
     def open(self) -> McpConnection:
         """Connect and list the tools; McpServerError naming the server when that fails."""
+        require("mcp", "mcp", MCP_FEATURE)  # here, not on the session's thread: one line, at once
         spec = self.spec
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp-{spec.name}", daemon=True)

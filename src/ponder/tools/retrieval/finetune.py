@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ponder.extras import require
 from ponder.fileio import write_json_atomic
 from ponder.tools.retrieval.toolindex import load_tool_encoder
 
@@ -134,7 +135,9 @@ def train_encoder(
 ) -> tuple[Any, TrainResult]:
     """Fine-tune `encoder` (default: the packaged all-MiniLM-L6-v2, a fresh copy) in place."""
     import torch
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    losses = require("sentence_transformers.sentence_transformer.losses", "retrieval", "encoder training")
+    MultipleNegativesRankingLoss = losses.MultipleNegativesRankingLoss
 
     if not examples:
         raise ValueError("contrastive training needs at least one example")

@@ -27,12 +27,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import uvicorn
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from ponder.extras import require
 
-from ponder.tools.retrieval.corpus import Hit, Retriever
+uvicorn = require("uvicorn", "serve", "ponder serve-retriever")
+require("fastapi", "serve", "ponder serve-retriever")
+
+from fastapi import FastAPI, HTTPException, Request  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
+
+from ponder.tools.retrieval.corpus import Hit, Retriever  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

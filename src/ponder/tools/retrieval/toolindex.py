@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 import numpy as np
 
+from ponder.extras import require
 from ponder.fileio import write_json_atomic, write_text_atomic
 from ponder.tools.retrieval.bm25 import BM25Retriever
 from ponder.tools.retrieval.corpus import Document, Hit
-from ponder.tools.retrieval.dense import DenseRetriever, encoder_path
+from ponder.tools.retrieval.dense import DENSE_FEATURE, DenseRetriever, encoder_path
 from ponder.tools.retrieval.hybrid import FUSIONS, HybridRetriever
 from ponder.types import ToolSpec
 
@@ -316,10 +317,9 @@ def _model_source(model: SentenceTransformer) -> str:
 
 def load_tool_encoder(encoder: Any = None) -> SentenceTransformer:
     """A SentenceTransformer as given, from a directory, or the packaged all-MiniLM-L6-v2."""
-    from sentence_transformers import SentenceTransformer
-
     from ponder.tools.retrieval.dense import load_encoder
 
+    SentenceTransformer = require("sentence_transformers", "retrieval", DENSE_FEATURE).SentenceTransformer
     if isinstance(encoder, SentenceTransformer):
         return encoder
     if encoder is None or str(encoder) in ("", "base", str(encoder_path())):

@@ -31,6 +31,7 @@ import numpy as np
 
 from ponder.config import Recipe
 from ponder.envs.base import close_env
+from ponder.extras import require
 from ponder.models import Policy
 from ponder.models.adapters import load_trainable_state, trainable_state
 from ponder.rollout import RolloutEngine, RolloutStats
@@ -296,8 +297,4 @@ def check_address(address: str) -> None:
 
 
 def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise RayError("--ray needs Ray: pip install 'ponder[ray]'") from None
-    return ray
+    return require("ray", "ray", "--ray")
