@@ -95,3 +95,33 @@ def write_json_atomic(
 ) -> None:
     """Write `value` as strict JSON (dumps_strict) with a trailing newline, atomically."""
     write_text_atomic(path, dumps_strict(value, indent=indent, sort_keys=sort_keys, default=default) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike[str], error: type[ValueError], what: str) -> Iterator[tuple[str, Any]]:
+    """("file:line", the decoded value) for every non-blank line of a JSON Lines file,
+    streamed. A file that cannot be read, or a line that is not UTF-8 or not JSON,
+    raises `error` with one line naming the file (and line). Lines split on "\\n" only
+    (str.splitlines would also split inside a JSON string holding U+2028 or \\x1c)."""
+    source = os.fspath(path)
+    try:
+        handle = open(source, "rb")
+    except OSError as err:
+        raise error(f"{source}: cannot read {what} ({err.strerror or err})") from None
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            if raw.strip():
+                where = f"{source}:{number}"
+                yield where, _json_line(raw, where, error)
+
+
+def _json_line(raw: bytes, where: str, error: type[ValueError]) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise error(f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as err:  # an integer past Python's digit limit
+        raise error(f"{where}: not valid JSON ({str(err).split(':')[0]})") from None

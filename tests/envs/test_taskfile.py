@@ -2,8 +2,7 @@ import json
 
 import pytest
 
-from ponder.config import TaskGenConfig
-from ponder.envs.synthetic import generate_world
+from ponder.envs.synthetic import TaskGenConfig, generate_world
 from ponder.envs.taskfile import TaskFileError, load_tasks, write_jsonl
 from ponder.types import Task
 
@@ -63,7 +62,7 @@ def test_null_oracle_actions_and_metadata_load_as_empty(tmp_path):
 @pytest.mark.parametrize(
     "bad_row, message",
     [
-        ('{"id": "q4", "question": ', "tasks.jsonl:4: invalid JSON"),
+        ('{"id": "q4", "question": ', "tasks.jsonl:4: not valid JSON"),
         ('["q4"]', "tasks.jsonl:4: expected a JSON object, got list"),
         ('{"question": "Where?", "answers": ["x"]}', "tasks.jsonl:4: missing 'id'"),
         ('{"id": "q4", "answers": ["x"]}', "tasks.jsonl:4: task 'q4' has no 'question'"),

@@ -65,8 +65,8 @@ def _file(tmp_path, data: bytes):
     "data, message",
     [
         (b'{"id": "a", "question": "q", "answers": ["x"]}\n\x80', ":2: not valid UTF-8 (invalid start byte at byte 0)"),
-        (b"[" * 5000, ":1: invalid JSON (nested too deeply)"),
-        (b'{"id": ' + b"9" * 5000 + b"}", ":1: invalid JSON (Exceeds the limit (4300 digits) for integer string conversion)"),
+        (b"[" * 5000, ":1: not valid JSON (nested too deeply)"),
+        (b'{"id": ' + b"9" * 5000 + b"}", ":1: not valid JSON (Exceeds the limit (4300 digits) for integer string conversion)"),
         (b'{"id": "a", "question": "q\\ud800", "answers": ["x"]}', ":1: task 'a' holds a lone surrogate"),
         (b'{"id": "a", "question": "q", "answers": ["x"], "kind": 5}', ":1: task 'a': 'kind' must be str, got int"),
         (b'{"id": "a", "question": "q", "answers": ["x"], "needs_search": "no"}', "'needs_search' must be bool"),

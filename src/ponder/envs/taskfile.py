@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ponder.fileio import atomic_path
+from ponder.fileio import atomic_path, read_jsonl
 from ponder.types import Task
 
 
@@ -26,44 +26,15 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) ->
 def load_tasks(path: str | os.PathLike[str], require_answers: bool = True) -> list[Task]:
     """Read tasks ({"id", "question", "answers", ...} per line); blank lines are skipped.
     Unknown keys go into metadata. Raises TaskFileError for the first bad line."""
-    source = os.fspath(path)
-    try:
-        with open(source, "rb") as handle:
-            # Bytes split on "\n" only: str.splitlines would also split inside a JSON string
-            # holding U+2028 or \x1c, and a bad byte is reported with its own line number.
-            lines = handle.read().split(b"\n")
-    except OSError as err:
-        raise TaskFileError(f"{source}: cannot read task file ({err.strerror})") from err
     tasks: list[Task] = []
-    first_line_of: dict[str, int] = {}
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        where = f"{source}:{number}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise TaskFileError(f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-        task = _parse_task(line, where, require_answers)
+    first_line_of: dict[str, str] = {}
+    for where, row in read_jsonl(path, TaskFileError, "task file"):
+        task = parse_task_row(row, where, require_answers)
         if task.id in first_line_of:
-            raise TaskFileError(
-                f"{where}: duplicate task id {task.id!r} (first on line {first_line_of[task.id]})"
-            )
-        first_line_of[task.id] = number
+            raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first on line {first_line_of[task.id]})")
+        first_line_of[task.id] = where.rsplit(":", 1)[1]
         tasks.append(task)
     return tasks
-
-
-def _parse_task(line: str, where: str, require_answers: bool) -> Task:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise TaskFileError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
-    except RecursionError:
-        raise TaskFileError(f"{where}: invalid JSON (nested too deeply)") from None
-    except ValueError as err:  # an integer past Python's digit limit
-        raise TaskFileError(f"{where}: invalid JSON ({str(err).split(':')[0]})") from None
-    return parse_task_row(row, where, require_answers)
 
 
 def _check_optional_fields(row: dict[str, Any], where: str, task_id: str) -> None:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ponder.fileio import read_jsonl
+
 
 class CorpusError(ValueError):
     """A corpus file that cannot be used; the message names the file and line."""
@@ -53,39 +55,19 @@ def load_corpus(path: str | os.PathLike[str]) -> list[Document]:
     """
     name = os.fspath(path)
     docs: list[Document] = []
-    first_line_of: dict[str, int] = {}
-    try:
-        with open(name, "rb") as handle:
-            # Bytes, decoded line by line, so that bad UTF-8 is reported with its line number.
-            for lineno, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                doc = _parse_line(name, lineno, raw)
-                if doc.id in first_line_of:
-                    raise CorpusError(
-                        f"{name}:{lineno}: duplicate id {doc.id!r} (first on line {first_line_of[doc.id]})"
-                    )
-                first_line_of[doc.id] = lineno
-                docs.append(doc)
-    except OSError as exc:
-        raise CorpusError(f"{name}: cannot read corpus ({exc.strerror or exc})") from exc
+    first_line_of: dict[str, str] = {}
+    for where, record in read_jsonl(name, CorpusError, "corpus"):
+        doc = _document(where, record)
+        if doc.id in first_line_of:
+            raise CorpusError(f"{where}: duplicate id {doc.id!r} (first on line {first_line_of[doc.id]})")
+        first_line_of[doc.id] = where.rsplit(":", 1)[1]
+        docs.append(doc)
     if not docs:
         raise CorpusError(f"{name}: corpus is empty")
     return docs
 
 
-def _parse_line(name: str, lineno: int, raw: bytes) -> Document:
-    where = f"{name}:{lineno}"
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise CorpusError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise CorpusError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-    except RecursionError:
-        raise CorpusError(f"{where}: not valid JSON (nested too deeply)") from None
-    except ValueError as exc:  # an integer past Python's digit limit
-        raise CorpusError(f"{where}: not valid JSON ({str(exc).split(':')[0]})") from None
+def _document(where: str, record: Any) -> Document:
     if not isinstance(record, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
     doc_id = record.pop("id", None)
