@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 PONDER = [sys.executable, "-m", "ponder.cli"]
-TINY = ["model.name=tiny", "sft.steps=1", "sft.examples=2", "train.steps=1", "env.taskgen.n_people=20",
-        "env.taskgen.n_train=8", "env.taskgen.n_eval=2"]  # fmt: skip
+TINY = ["model.name=tiny", "sft.steps=1", "sft.examples=2", "train.steps=1", "env.options.taskgen.n_people=20",
+        "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2"]  # fmt: skip
 TRAIN = ["train", "--recipe", "recipes/search_qa_grpo.yaml"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PONDER_DEBUG": ""}
 
@@ -35,7 +35,7 @@ def cases(data: Path) -> list[tuple[str, list[str]]]:
         "reward.terms={'no_such_pkg.r:f': 1.0}", "reward.terms={bogus: 1.0}", "model.device=cuda",
         f"model.name={data / 'garbage-model'}", f"env.train_tasks={data / 'bad-row.jsonl'}",
         f"env.train_tasks={data / 'bad-json.jsonl'}", f"env.train_tasks={data / 'missing.jsonl'}",
-        f"env.corpus={data / 'bad-corpus.jsonl'}", f"env.eval_tasks={data / 'tasks.csv'}",
+        f"env.options.corpus={data / 'bad-corpus.jsonl'}", f"env.eval_tasks={data / 'tasks.csv'}",
     ]  # fmt: skip
     rows = [(value, [*TRAIN, *TINY, value]) for value in overrides]
     rows += [

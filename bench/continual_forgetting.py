@@ -25,7 +25,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch
 
 from ponder.config import ContinualConfig, LoraConfig, PipelineRecipe, SFTTrainerConfig, load_recipe
-from ponder.envs import SearchQAEnvFactory, load_search_qa
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import SearchQAEnvFactory, SearchQAOptions
 from ponder.eval.agent_metrics import forgetting_metrics
 from ponder.fileio import write_text_atomic
 from ponder.models import apply_lora, load_policy
@@ -67,10 +68,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def build_families(args: argparse.Namespace, tokenizer_policy) -> list[Family]:
-    overrides = [f"model.name={args.model}", f"env.taskgen.n_eval={args.world_eval_tasks}"]
+    overrides = [f"model.name={args.model}", f"env.options.taskgen.n_eval={args.world_eval_tasks}"]
     recipe = load_recipe(args.recipe, overrides, cls=PipelineRecipe)
-    data = load_search_qa(recipe.env)
-    retriever = build_retriever(recipe.retriever.kind, data.corpus)
+    options = SearchQAOptions.from_recipe(recipe)
+    data = load_search_qa(options)
+    retriever = build_retriever(options.retriever.kind, data.corpus)
     factory = SearchQAEnvFactory.from_recipe(recipe, retriever, tokenizer_policy.tokenizer)
     families = []
     for kind in ORDER:

@@ -36,12 +36,12 @@ PONDER = [sys.executable, "-m", "ponder.cli"]
 TRAIN = [
     "--recipe", "recipes/search_qa_grpo.yaml", "model.name=tiny", "sft.steps=3", "sft.batch_size=2",
     "sft.examples=4", "train.steps=6", "train.tasks_per_step=2", "rollout.group_size=4",
-    "rollout.sampling.max_new_tokens_per_turn=8", "env.taskgen.n_people=20", "env.taskgen.n_train=8",
-    "env.taskgen.n_eval=2", "train.save_every=1", "lora.r=4", "reward.terms={'bench.crash_campaign:low_ids': 1.0}",
+    "rollout.sampling.max_new_tokens_per_turn=8", "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=8",
+    "env.options.taskgen.n_eval=2", "train.save_every=1", "lora.r=4", "reward.terms={'bench.crash_campaign:low_ids': 1.0}",
 ]  # fmt: skip
 PIPELINE = [
-    "recipes/pipeline_search_qa.yaml", "model.name=tiny", "env.taskgen.n_people=20", "env.taskgen.n_train=12",
-    "env.taskgen.n_eval=4", "env.max_turns=2", "env.max_obs_tokens=32", "rollout.batch_size=8",
+    "recipes/pipeline_search_qa.yaml", "model.name=tiny", "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=12",
+    "env.options.taskgen.n_eval=4", "env.max_turns=2", "env.options.max_obs_tokens=32", "rollout.batch_size=8",
     "rollout.sampling.max_new_tokens_per_turn=8", "eval.episodes=2", "sft.steps=2", "sft.batch_size=2",
     "sft.examples=4", "sft_trainer.steps=4", "sft_trainer.batch_size=2", "sft_trainer.micro_batch_size=1",
     "sft_trainer.save_every=1", "data.max_examples=4", "train.steps=3", "train.tasks_per_step=2",

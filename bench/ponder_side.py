@@ -75,9 +75,9 @@ def bench_recipe(cfg: BenchConfig, max_prompt_tokens: int, run_dir: str) -> Reci
         f"train.seed={cfg.seed}",
         "train.save_every=1000000",
         f"train.out={run_dir}",
-        "env.taskgen.n_people=12",
-        "env.taskgen.n_train=4",
-        "env.taskgen.n_eval=2",
+        "env.options.taskgen.n_people=12",
+        "env.options.taskgen.n_train=4",
+        "env.options.taskgen.n_eval=2",
         "train.shuffle=false",  # tasks in list order, as TRL's shuffle_dataset=False
     ]
     return load_recipe(None, overrides)

@@ -17,7 +17,7 @@ from ponder import evaluate, load_recipe, serve, train
 
 TINY = ["model.name=tiny", "sft.steps=2", "sft.batch_size=2", "sft.examples=4", "train.steps=2",
         "train.tasks_per_step=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens_per_turn=8",
-        "env.taskgen.n_people=20", "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4",
+        "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "lora.r=4",
         "eval.episodes=2"]  # fmt: skip
 SMALL = ["sft.steps=8", "train.steps=2", "train.tasks_per_step=2", "rollout.group_size=4", "eval.episodes=8"]
 

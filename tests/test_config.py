@@ -12,11 +12,12 @@ from ponder.config import (
     Recipe,
     RolloutConfig,
     SamplingConfig,
-    TaskGenConfig,
     from_dict,
     load_recipe,
     to_dict,
 )
+from ponder.envs.search_qa import RetrieverConfig, SearchQAOptions
+from ponder.envs.synthetic import TaskGenConfig
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -26,18 +27,31 @@ model:
   device: cpu
 env:
   max_turns: 3
-  taskgen:
-    seed: 7
-    n_people: 20
+  options:
+    taskgen:
+      seed: 7
+      n_people: 20
+    retriever:
+      kind: bm25
+      url: null
 rollout:
   batch_size: 8
   group_size: 4
   sampling:
     temperature: 0.7
     top_p: 0.9
+reward:
+  terms:
+    search_cost: -0.1
+"""
+# The same recipe as written before search-QA's keys moved into its own options.
+OLD_RECIPE = """\
+env:
+  max_turns: 3
+  taskgen:
+    seed: 7
 retriever:
   kind: bm25
-  url: null
 reward:
   search_cost: -0.1
 """
@@ -53,13 +67,14 @@ def test_loads_a_yaml_recipe(tmp_path):
     recipe = load_recipe(write(tmp_path, RECIPE))
     assert recipe.model == ModelConfig(name="tiny", dtype="auto", device="cpu")
     assert recipe.env.max_turns == 3
-    assert recipe.env.taskgen == TaskGenConfig(seed=7, n_people=20)
+    options = SearchQAOptions.from_recipe(recipe)
+    assert options.taskgen == TaskGenConfig(seed=7, n_people=20)
     assert recipe.rollout == RolloutConfig(
         batch_size=8, group_size=4, seed=0, sampling=SamplingConfig(temperature=0.7, top_p=0.9)
     )
-    assert recipe.retriever.url is None
-    assert recipe.reward.search_cost == -0.1
-    assert recipe.reward.em == 1.0  # untouched fields keep their defaults
+    assert options.retriever == RetrieverConfig(kind="bm25", url=None)
+    assert options.max_obs_tokens == 256  # untouched options keep their defaults
+    assert recipe.reward.terms == {"search_cost": -0.1}
     assert recipe.eval.episodes == 32
 
 
@@ -119,8 +134,10 @@ def test_int_is_accepted_for_float_fields(tmp_path):
 
 
 def test_optional_field_takes_a_string_or_null(tmp_path):
-    assert load_recipe(write(tmp_path, "retriever:\n  url: http://x:8000\n")).retriever.url == "http://x:8000"
-    assert load_recipe(write(tmp_path, "retriever:\n  url: null\n")).retriever.url is None
+    assert load_recipe(write(tmp_path, "rollout:\n  vllm_url: http://x:8000\n")).rollout.vllm_url == "http://x:8000"
+    assert load_recipe(write(tmp_path, "rollout:\n  vllm_url: null\n")).rollout.vllm_url is None
+    options = {"retriever": {"url": "http://x:8000"}}
+    assert SearchQAOptions.from_options(options).retriever.url == "http://x:8000"
 
 
 def test_overrides_are_applied_and_typed(tmp_path):
@@ -130,14 +147,14 @@ def test_overrides_are_applied_and_typed(tmp_path):
             "rollout.sampling.temperature=0.5",
             "rollout.batch_size=2",
             "model.name=smollm2-135m",
-            "env.taskgen.seed=3",
+            "env.options.taskgen.seed=3",
         ],
     )
     assert recipe.rollout.sampling.temperature == 0.5
     assert recipe.rollout.batch_size == 2
     assert type(recipe.rollout.batch_size) is int
     assert recipe.model.name == "smollm2-135m"
-    assert recipe.env.taskgen == TaskGenConfig(seed=3, n_people=20)
+    assert SearchQAOptions.from_recipe(recipe).taskgen == TaskGenConfig(seed=3, n_people=20)
     assert recipe.rollout.sampling.top_p == 0.9  # the file's other values stay
 
 
@@ -190,7 +207,7 @@ def test_top_level_list_fails_naming_the_file(tmp_path):
 
 
 def test_to_dict_round_trips():
-    recipe = Recipe(env=EnvConfig(max_turns=2, taskgen=TaskGenConfig(seed=5)))
+    recipe = Recipe(env=EnvConfig(max_turns=2, options={"taskgen": {"seed": 5}}))
     recipe.rollout.sampling.temperature = 0.25
     assert from_dict(Recipe, to_dict(recipe)) == recipe
 
@@ -318,3 +335,48 @@ def test_unknown_key_is_one_line_listing_every_valid_key_of_its_section(tmp_path
         f"{path}: unknown key 'optim.learning_rate' "
         "(valid: lr, max_grad_norm, schedule, warmup_steps, weight_decay)"
     )
+
+
+MOVED_KEYS = [
+    ("reward.em=2.0", "reward.em", "reward.terms.em"),
+    ("reward.f1=0.5", "reward.f1", "reward.terms.f1"),
+    ("reward.format=0.5", "reward.format", "reward.terms.format"),
+    ("reward.search_cost=-0.1", "reward.search_cost", "reward.terms.search_cost"),
+    ("env.taskgen.n_people=20", "env.taskgen", "env.options.taskgen"),
+    ("env.corpus=c.jsonl", "env.corpus", "env.options.corpus"),
+    ("env.tasks=t.jsonl", "env.tasks", "env.options.tasks"),
+    ("env.max_obs_tokens=32", "env.max_obs_tokens", "env.options.max_obs_tokens"),
+    ("env.max_invalid_actions=1", "env.max_invalid_actions", "env.options.max_invalid_actions"),
+    ("retriever.topk=1", "retriever", "env.options.retriever"),
+]
+
+
+@pytest.mark.parametrize("override, old, new", MOVED_KEYS, ids=[m[1] for m in MOVED_KEYS])
+def test_a_moved_key_is_one_line_naming_its_new_key(override, old, new):
+    """Search-QA's keys left the core sections: an old spelling is refused, never read another way."""
+    with pytest.raises(ConfigError) as info:
+        load_recipe(None, [override])
+    message = str(info.value)
+    assert f"key '{old}' moved to '{new}'" in message and "\n" not in message
+    with pytest.raises(ConfigError, match=re.escape(f"moved to '{new}'")):
+        load_recipe(None, [override], cls=PipelineRecipe)  # a PipelineRecipe is a Recipe: the same keys moved
+    load_recipe(None, [override.replace(old, new, 1)])  # the new key loads
+
+
+def test_an_old_recipe_file_names_the_file_and_the_new_key(tmp_path):
+    path = write(tmp_path, OLD_RECIPE)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: key 'env.taskgen' moved to 'env.options.taskgen'")):
+        load_recipe(path)
+
+
+def test_search_qa_options_are_typed_and_checked():
+    with pytest.raises(ConfigError, match=r"unknown key 'env\.options\.taskgn' \(valid: corpus, "):
+        SearchQAOptions.from_recipe(load_recipe(None, ["env.options.taskgn.seed=1"]))
+    with pytest.raises(ConfigError, match=r"'env\.options\.taskgen\.n_people' expects int, got 'many'"):
+        SearchQAOptions.from_recipe(load_recipe(None, ["env.options.taskgen.n_people=many"]))
+    with pytest.raises(ConfigError, match="max_obs_tokens must be >= 1, got 0"):
+        SearchQAOptions.from_options({"max_obs_tokens": 0})
+    with pytest.raises(ConfigError, match="topk must be >= 1, got 0"):
+        SearchQAOptions.from_options({"retriever": {"topk": 0}})
+    with pytest.raises(ConfigError, match="max_invalid_actions must be >= 0"):
+        SearchQAOptions.from_options({"max_invalid_actions": -1})

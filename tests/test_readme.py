@@ -27,7 +27,7 @@ import pytest
 from ponder.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_WORLD = ["env.taskgen.n_people=20", "env.taskgen.n_train=8", "env.taskgen.n_eval=2"]
+SMALL_WORLD = ["env.options.taskgen.n_people=20", "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2"]
 TINY = [
     "model.name=tiny", "sft.steps=2", "sft.batch_size=2", "sft.examples=4", "train.steps=2",
     "train.tasks_per_step=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens_per_turn=8",

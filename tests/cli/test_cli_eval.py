@@ -12,7 +12,7 @@ import pytest
 from ponder.cli import main
 from ponder.types import load_trajectories
 
-TINY = ["--model", "tiny", "rollout.sampling.max_new_tokens_per_turn=8", "env.taskgen.n_eval=4"]
+TINY = ["--model", "tiny", "rollout.sampling.max_new_tokens_per_turn=8", "env.options.taskgen.n_eval=4"]
 
 
 def test_eval_writes_trajectories_and_metrics(tmp_path, capsys):
@@ -64,14 +64,14 @@ def test_garbage_model_config_is_an_input_error(tmp_path, capsys):
 def test_corrupt_corpus_line(tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "d1", "contents": "Paris is in France."}\n{"id": "d2", "contents": \n')
-    message = _bad_input(["--model", "tiny", f"env.corpus={corpus}"], tmp_path, capsys)
+    message = _bad_input(["--model", "tiny", f"env.options.corpus={corpus}"], tmp_path, capsys)
     assert f"{corpus}:2" in message
 
 
 def test_empty_corpus(tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n")
-    message = _bad_input(["--model", "tiny", f"env.corpus={corpus}"], tmp_path, capsys)
+    message = _bad_input(["--model", "tiny", f"env.options.corpus={corpus}"], tmp_path, capsys)
     assert str(corpus) in message and "empty" in message
 
 
@@ -82,7 +82,7 @@ def test_question_without_gold_answer(tmp_path, capsys):
     )
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "d1", "contents": "Paris is in France."}\n')
-    message = _bad_input(["--model", "tiny", f"env.tasks={tasks}", f"env.corpus={corpus}"], tmp_path, capsys)
+    message = _bad_input(["--model", "tiny", f"env.options.tasks={tasks}", f"env.options.corpus={corpus}"], tmp_path, capsys)
     assert f"{tasks}:2" in message and "q2" in message
 
 
@@ -107,10 +107,10 @@ def test_bad_input_exit_code_from_a_real_process(tmp_path):
 
 
 def test_gen_tasks_writes_loadable_files(tmp_path):
-    from ponder.envs import load_tasks
+    from ponder.envs.taskfile import load_tasks
     from ponder.tools.retrieval import load_corpus
 
-    assert main(["gen-tasks", "--out", str(tmp_path), "env.taskgen.n_train=10", "env.taskgen.n_eval=5"]) == 0
+    assert main(["gen-tasks", "--out", str(tmp_path), "env.options.taskgen.n_train=10", "env.options.taskgen.n_eval=5"]) == 0
     assert len(load_tasks(tmp_path / "eval.jsonl")) == 5
     assert len(load_tasks(tmp_path / "train.jsonl")) == 10
     assert len(load_corpus(tmp_path / "corpus.jsonl")) > 10
@@ -151,7 +151,7 @@ def test_eval_split_train_runs_the_training_tasks(tmp_path):
     from ponder.wiring import build_env
 
     out = tmp_path / "run"
-    overrides = [*TINY[2:], "env.taskgen.n_train=6", "eval.split=train"]
+    overrides = [*TINY[2:], "env.options.taskgen.n_train=6", "eval.split=train"]
     assert main(["eval", "--model", "tiny", "--episodes", "3", "--out", str(out), *overrides]) == 0
     spec = build_env(load_recipe(None, overrides))
     evaluated = [t.task_id for t in load_trajectories(out / "trajectories.parquet")]

@@ -6,7 +6,7 @@ import json
 
 from ponder.cli import main
 
-TINY = ["model.name=tiny", "env.taskgen.n_people=20", "env.taskgen.n_train=8", "env.taskgen.n_eval=2"]
+TINY = ["model.name=tiny", "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2"]
 
 
 def _error(args: list[str], capsys) -> str:

@@ -10,8 +10,10 @@ import time
 import httpx
 import pytest
 
-from ponder.config import RolloutConfig, TaskGenConfig
-from ponder.envs import SearchQAEnvFactory, generate_world, write_jsonl
+from ponder.config import RolloutConfig
+from ponder.envs.search_qa import SearchQAEnvFactory
+from ponder.envs.synthetic import TaskGenConfig, generate_world
+from ponder.envs.taskfile import write_jsonl
 from ponder.models import tiny_tokenizer
 from ponder.rewards import exact_match
 from ponder.rollout import RolloutEngine, ScriptedBackend

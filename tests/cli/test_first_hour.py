@@ -18,7 +18,7 @@ from ponder.types import load_trajectories
 TINY = [
     "model.name=tiny", "sft.steps=2", "sft.batch_size=2", "sft.examples=4", "train.steps=2",
     "train.tasks_per_step=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens_per_turn=8",
-    "env.taskgen.n_people=20", "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "train.save_every=1", "lora.r=4",
+    "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "train.save_every=1", "lora.r=4",
 ]  # fmt: skip
 GRPO = "recipes/search_qa_grpo.yaml"
 

@@ -5,7 +5,8 @@ import pytest
 
 from ponder.config import load_recipe
 from ponder.data import ChatFormatter, Conversation, TokenizedExample, pack, trajectory_to_conversation
-from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import SearchQAEnvFactory, SearchQAOptions, build_messages
 from ponder.models import tiny_tokenizer
 from ponder.tools.retrieval import build_retriever
 from ponder.types import ToolSpec
@@ -66,10 +67,10 @@ def test_inline_conversion_gives_back_the_engines_ids_and_mask(tokenizer):
     from ponder.models import tiny_policy
     from ponder.train.sft import build_demonstrations
 
-    recipe = load_recipe(None, ["model.name=tiny", "env.taskgen.n_people=20", "env.taskgen.n_train=12",
-                                "retriever.topk=1", "env.max_obs_tokens=32",
+    recipe = load_recipe(None, ["model.name=tiny", "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=12",
+                                "env.options.retriever.topk=1", "env.options.max_obs_tokens=32",
                                 "rollout.sampling.max_new_tokens_per_turn=256"])  # fmt: skip
-    data = load_search_qa(recipe.env)
+    data = load_search_qa(SearchQAOptions.from_recipe(recipe))
     tasks = [t for t in data.train if t.kind == "multi_hop"][:2] + [
         t for t in data.train if t.kind == "in_prompt"
     ][:1]

@@ -112,7 +112,7 @@ def test_a_reward_returning_nan_or_a_string_is_a_one_line_error():
 
 
 def test_reward_terms_extend_and_override_the_env_defaults():
-    recipe = load_recipe(None, ["reward.terms={f1: 0.5, turn_rewards: 1.0}", "reward.em=0.7"])
+    recipe = load_recipe(None, ["reward.terms={f1: 0.5, turn_rewards: 1.0}", "reward.terms.em=0.7"])
     spec = build_env(recipe)
     reward = build_reward(recipe, spec)
     assert reward.weights == {"em": 0.7, "f1": 0.5, "format": 0.1, "search_cost": -0.05, "turn_rewards": 1.0}

@@ -3,8 +3,7 @@ import re
 
 import pytest
 
-from ponder.config import TaskGenConfig
-from ponder.envs.synthetic import generate_world, kind_counts
+from ponder.envs.synthetic import TaskGenConfig, generate_world, kind_counts
 from ponder.rewards.format import action_kind, format_compliance
 from ponder.types import Trajectory, Turn
 

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ponder.config import EnvConfig, RolloutConfig, SamplingConfig, TaskGenConfig
-from ponder.envs import SearchQAEnvFactory, load_search_qa
+from ponder.config import RolloutConfig, SamplingConfig
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import SearchQAEnvFactory, SearchQAOptions
+from ponder.envs.synthetic import TaskGenConfig
 from ponder.eval.metrics import summarise
 from ponder.eval.report_html import load_run, write_report
 from ponder.eval.report_html.page import embed_json
@@ -59,7 +61,7 @@ def _episodes(scripts_for, data, tokenizer):
 def build_run(run_dir: Path, hostile: str = HOSTILE) -> dict:
     """A demo-shaped run: base (hostile search and answer) and rl (oracle) stages."""
     tokenizer = tiny_tokenizer()
-    data = load_search_qa(EnvConfig(taskgen=TaskGenConfig(seed=0, n_people=30, n_train=24, n_eval=4)))
+    data = load_search_qa(SearchQAOptions(taskgen=TaskGenConfig(seed=0, n_people=30, n_train=24, n_eval=4)))
     base = lambda tasks: {t.id: [f"<think>{hostile}</think>\n<search>{hostile}</search>",  # noqa: E731
                                  f"<answer>{hostile}</answer>"] for t in tasks}  # fmt: skip
     oracle = lambda tasks: {t.id: t.oracle_actions for t in tasks}  # noqa: E731

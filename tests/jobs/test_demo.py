@@ -25,11 +25,11 @@ from ponder.types import Trajectory, load_trajectories
 TINY = [
     "model.name=tiny",
     "env.max_turns=3",
-    "env.max_invalid_actions=1",
-    "env.max_obs_tokens=16",
-    "env.taskgen.n_people=20",
-    "env.taskgen.n_train=16",
-    "env.taskgen.n_eval=4",
+    "env.options.max_invalid_actions=1",
+    "env.options.max_obs_tokens=16",
+    "env.options.taskgen.n_people=20",
+    "env.options.taskgen.n_train=16",
+    "env.options.taskgen.n_eval=4",
     "rollout.group_size=2",
     "rollout.batch_size=8",
     "rollout.sampling.max_new_tokens_per_turn=256",  # tiny-tokenizer oracle actions run to ~100 tokens
@@ -90,7 +90,7 @@ def test_sft_from_with_another_reward_rescores_the_warm_up_episodes(first, tmp_p
     """The warm-up's stored episodes scored with the new reward (a reward reads finished
     episodes): the same tokens, new rewards, nothing generated again."""
     out, results = first
-    overrides = ["optim.lr=0", "reward.format=0.5"]
+    overrides = ["optim.lr=0", "reward.terms.format=0.5"]
     again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "fmt", say=lambda _: None, sft_from=out)
     assert "reuse" in again["timing_s"] and "eval:sft" not in again["timing_s"] and "sft" not in again["timing_s"]
     for stage in ("oracle", "base", "sft"):
@@ -111,7 +111,7 @@ def test_sft_from_with_a_judged_reward_evaluates_the_warm_up_again(first):
     out, _ = first
     judged = load_sft_run(out, load_recipe(None, TINY + ["reward.judge.weight=1", "reward.judge.self_judge=true"]))
     assert judged.stages == {} and not judged.rescore
-    assert load_sft_run(out, load_recipe(None, TINY + ["reward.format=0.5"])).rescore
+    assert load_sft_run(out, load_recipe(None, TINY + ["reward.terms.format=0.5"])).rescore
 
 
 def test_sft_from_with_another_sampler_reuses_the_warm_up(first):
@@ -145,7 +145,7 @@ def test_sft_from_with_more_turns_evaluates_the_warm_up_again(first, tmp_path):
 
 def test_sft_from_refuses_a_run_with_another_warm_up(first, tmp_path):
     out, _ = first
-    recipe = load_recipe(None, TINY + ["env.max_obs_tokens=24"])
+    recipe = load_recipe(None, TINY + ["env.options.max_obs_tokens=24"])
     with pytest.raises(ValueError, match=r"recipe.yaml: section 'env' differs from this recipe"):
         run_demo(recipe, tmp_path / "other", say=lambda _: None, sft_from=out)
     with pytest.raises(ValueError, match=r"env.max_turns 2 is below the warm-up's 3"):

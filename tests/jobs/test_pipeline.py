@@ -12,7 +12,8 @@ import torch
 from ponder.config import PipelineRecipe, load_recipe
 from ponder.data import write_jsonl
 from ponder.data.records import PreferencePair
-from ponder.envs import SearchQAEnvFactory, load_search_qa
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import SearchQAEnvFactory, SearchQAOptions
 from ponder.models import tiny_policy
 from ponder.models.adapters import saved_weights
 from ponder.rewards.agent import AgentReward
@@ -23,8 +24,8 @@ from ponder.jobs.pipeline import check_pipeline, run_pipeline
 
 TINY = [
     "model.name=tiny",
-    "env.taskgen.n_people=20", "env.taskgen.n_train=12", "env.taskgen.n_eval=4",
-    "env.max_turns=2", "env.max_obs_tokens=32", "retriever.topk=1",
+    "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=12", "env.options.taskgen.n_eval=4",
+    "env.max_turns=2", "env.options.max_obs_tokens=32", "env.options.retriever.topk=1",
     "rollout.batch_size=8", "rollout.sampling.max_new_tokens_per_turn=8", "rollout.sampling.max_total_tokens=1024",
     "eval.episodes=2", "eval.temperature=0",
     "sft.steps=2", "sft.batch_size=2", "sft.examples=4", "sft.behaviour=search_once",
@@ -116,7 +117,7 @@ def test_bad_stage_lists_fail_before_loading_anything():
 
 def test_sampled_preferences_keep_best_over_worst_only():
     recipe = _recipe()
-    data = load_search_qa(recipe.env)
+    data = load_search_qa(SearchQAOptions.from_recipe(recipe))
     task = next(t for t in data.train if t.kind == "single_hop")
     tied = next(t for t in data.train if t.kind == "in_prompt")
     policy = tiny_policy()

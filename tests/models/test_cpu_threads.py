@@ -206,8 +206,8 @@ def test_training_passes_run_at_the_chosen_count(monkeypatch):
     from ponder.train.update import forward_pass_no_grad, optimise
 
     overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
-                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-                 "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4"]  # fmt: skip
+                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.options.taskgen.n_people=20",
+                 "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "lora.r=4"]  # fmt: skip
     trainer = rl_trainer(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)

@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from ponder.config import RewardConfig
-from ponder.rewards import REWARDS, CompositeReward, score_trajectories
+from ponder.rewards import CompositeReward, score_trajectories
 from ponder.rewards.search import plan_kept, search_calls, search_calls_excess, search_calls_if_correct
 from ponder.types import Task, ToolCall, Trajectory, Turn
 
@@ -97,7 +97,7 @@ def test_total_is_hand_computed_weighted_sum():
 
 
 def test_from_config_reads_weights():
-    reward = CompositeReward.from_config(RewardConfig(em=2.0, f1=0.0, format=0.5, search_cost=-0.1))
+    reward = CompositeReward.from_config(RewardConfig(terms={"em": 2.0, "f1": 0.0, "format": 0.5, "search_cost": -0.1}))
     assert reward.weights == {"em": 2.0, "f1": 0.0, "format": 0.5, "search_cost": -0.1}
     task = Task(id="t", question="q", answers=["barn"])
     total, breakdown = reward(_episode(answer="Barn.", n_searches=1), task)
@@ -152,10 +152,11 @@ def test_score_trajectories_unknown_task():
         score_trajectories([_episode("zzz")], {}, CompositeReward({"em": 1.0}))
 
 
-def test_search_qa_components_are_registered_and_are_the_reward_config_fields():
+def test_the_reward_config_names_no_environment_s_component():
     import dataclasses
 
-    from ponder.rewards.composite import SEARCH_QA_COMPONENTS
-
-    assert set(SEARCH_QA_COMPONENTS) <= set(REWARDS)
-    assert set(SEARCH_QA_COMPONENTS) | {"terms", "shaping", "judge"} == {f.name for f in dataclasses.fields(RewardConfig)}
+    assert {f.name for f in dataclasses.fields(RewardConfig)} == {"terms", "shaping", "judge"}
+    assert CompositeReward.from_config(RewardConfig()).weights == {}  # defaults come from an environment only
+    defaults = {"correct": 1.0, "format": 0.1}
+    reward = CompositeReward.from_config(RewardConfig(terms={"format": 0.5, "em": 1.0}), {"correct": search_calls}, defaults)
+    assert reward.weights == {"correct": 1.0, "format": 0.5, "em": 1.0}  # terms set and add, in that order

@@ -4,9 +4,10 @@ import dataclasses
 
 import pytest
 
-from ponder.config import EnvConfig, RolloutConfig, SamplingConfig, TaskGenConfig
-from ponder.envs import SearchQAEnvFactory, build_messages, load_search_qa
-from ponder.envs.search_qa import TRUNCATION_MARK
+from ponder.config import RolloutConfig, SamplingConfig
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import TRUNCATION_MARK, SearchQAEnvFactory, SearchQAOptions, build_messages
+from ponder.envs.synthetic import TaskGenConfig
 from ponder.models import tiny_tokenizer
 from ponder.rewards import exact_match
 from ponder.rollout import Generation, RolloutEngine, ScriptedBackend
@@ -27,7 +28,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def data():
-    return load_search_qa(EnvConfig(taskgen=TaskGenConfig(seed=0, n_people=30, n_train=24, n_eval=4)))
+    return load_search_qa(SearchQAOptions(taskgen=TaskGenConfig(seed=0, n_people=30, n_train=24, n_eval=4)))
 
 
 @pytest.fixture(scope="module")

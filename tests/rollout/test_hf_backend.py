@@ -5,8 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from ponder.config import EnvConfig, RolloutConfig, SamplingConfig, TaskGenConfig
-from ponder.envs import SearchQAEnvFactory, load_search_qa
+from ponder.config import RolloutConfig, SamplingConfig
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import SearchQAEnvFactory, SearchQAOptions
+from ponder.envs.synthetic import TaskGenConfig
 from ponder.models import tiny_policy, token_logprobs
 from ponder.rollout import GenerationRequest, HFBackend, RolloutEngine
 from ponder.rollout.hf import shared_prefix_length
@@ -224,7 +226,7 @@ def test_empty_request_list(policy):
 
 @pytest.fixture(scope="module")
 def world():
-    data = load_search_qa(EnvConfig(taskgen=TaskGenConfig(seed=0, n_people=30, n_train=8, n_eval=4)))
+    data = load_search_qa(SearchQAOptions(taskgen=TaskGenConfig(seed=0, n_people=30, n_train=8, n_eval=4)))
     return data, build_retriever("bm25", data.corpus)
 
 

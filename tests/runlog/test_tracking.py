@@ -135,7 +135,7 @@ def test_rl_trainer_logs_advantages_and_sampled_episodes_to_tensorboard(tmp_path
     overrides = [
         "model.name=tiny", "train.steps=2", "train.tasks_per_step=2", "rollout.group_size=2",
         "rollout.batch_size=4", "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=2",
-        "env.max_obs_tokens=16", "env.taskgen.n_people=20", "env.taskgen.n_train=16", "env.taskgen.n_eval=4",
+        "env.options.max_obs_tokens=16", "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=16", "env.options.taskgen.n_eval=4",
         "lora.r=4", "algo.micro_batch_size=2", "train.save_every=2", "tracking.samples_every=2",
         "tracking.samples=3",
     ]  # fmt: skip

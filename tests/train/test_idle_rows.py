@@ -12,8 +12,8 @@ from ponder.config import load_recipe
 from ponder.train.batch import collate
 
 OVERRIDES = ["model.name=tiny", "train.tasks_per_step=3", "rollout.group_size=2", "rollout.batch_size=6",
-             "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-             "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4"]  # fmt: skip
+             "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.options.taskgen.n_people=20",
+             "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "lora.r=4"]  # fmt: skip
 
 
 def _updated(idle: list[int], skip: bool, monkeypatch, *overrides: str) -> tuple[list[torch.Tensor], dict]:

@@ -19,7 +19,7 @@ import torch
 
 from ponder.jobs.parts import rl_trainer
 from ponder.config import AlgoConfig, ConfigError, load_recipe
-from ponder.envs import build_messages
+from ponder.envs.search_qa import build_messages
 from ponder.models.adapters import saved_weights
 from ponder.train.checkpoint import latest_checkpoint, load_checkpoint
 from ponder.runlog.metrics_log import read_metrics
@@ -35,10 +35,10 @@ TINY = [
     "rollout.batch_size=4",
     "rollout.sampling.max_new_tokens_per_turn=8",
     "env.max_turns=2",
-    "env.max_obs_tokens=16",
-    "env.taskgen.n_people=20",
-    "env.taskgen.n_train=16",
-    "env.taskgen.n_eval=4",
+    "env.options.max_obs_tokens=16",
+    "env.options.taskgen.n_people=20",
+    "env.options.taskgen.n_train=16",
+    "env.options.taskgen.n_eval=4",
     "lora.r=4",
     "algo.micro_batch_size=2",
     "train.save_every=1",

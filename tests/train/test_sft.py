@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from ponder.config import LoraConfig, SFTConfig, load_recipe
-from ponder.envs import SearchQAEnvFactory, load_search_qa
+from ponder.envs.data import load_search_qa
+from ponder.envs.search_qa import SearchQAEnvFactory, SearchQAOptions
 from ponder.models import apply_lora, tiny_policy
 from ponder.models.forward import forward_policy
 from ponder.tools.retrieval import build_retriever
@@ -15,11 +16,11 @@ from ponder.train.sft import build_demonstrations, demonstration_actions, demons
 
 RECIPE = [
     "model.name=tiny",
-    "env.taskgen.n_people=20",
-    "env.taskgen.n_train=16",
-    "env.taskgen.n_eval=4",
-    "env.max_obs_tokens=32",
-    "retriever.topk=1",
+    "env.options.taskgen.n_people=20",
+    "env.options.taskgen.n_train=16",
+    "env.options.taskgen.n_eval=4",
+    "env.options.max_obs_tokens=32",
+    "env.options.retriever.topk=1",
     "rollout.sampling.max_new_tokens_per_turn=256",  # tiny-tokenizer actions run to ~100 tokens
 ]
 
@@ -31,7 +32,7 @@ def recipe():
 
 @pytest.fixture(scope="module")
 def data(recipe):
-    return load_search_qa(recipe.env)
+    return load_search_qa(SearchQAOptions.from_recipe(recipe))
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from ponder.train.rl import RLTrainer, check_recipe
 from ponder.jobs.parts import rl_trainer
 
 OVERRIDES = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
-             "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-             "env.taskgen.n_train=6", "env.taskgen.n_eval=2", "lora.r=4", "algo.micro_batch_size=1"]  # fmt: skip
+             "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.options.taskgen.n_people=20",
+             "env.options.taskgen.n_train=6", "env.options.taskgen.n_eval=2", "lora.r=4", "algo.micro_batch_size=1"]  # fmt: skip
 
 
 def _trainer(*overrides: str) -> RLTrainer:

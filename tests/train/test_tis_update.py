@@ -15,8 +15,8 @@ def test_update_weights_each_token_loss_and_recomputes_old_logprobs():
     from ponder.train.update import _micro_batch_loss, recompute_old_logprobs
 
     overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
-                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-                 "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4", "algo.loss=ppo"]  # fmt: skip
+                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.options.taskgen.n_people=20",
+                 "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "lora.r=4", "algo.loss=ppo"]  # fmt: skip
     trainer = rl_trainer(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
@@ -48,8 +48,8 @@ def test_old_logprobs_from_the_updates_forward_give_the_recomputed_update():
     from ponder.train.update import _micro_batch_loss, recompute_old_logprobs, take_old_logprobs_from_forward
 
     overrides = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
-                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-                 "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4", "algo.loss=ppo"]  # fmt: skip
+                 "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.options.taskgen.n_people=20",
+                 "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "lora.r=4", "algo.loss=ppo"]  # fmt: skip
     trainer = rl_trainer(load_recipe(None, overrides), "unused", reward=lambda t, task: (1.0, {}))
     trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
     batches = [collate(trajectories, trainer.policy.tokenizer.pad_token_id) for _ in range(2)]
@@ -85,8 +85,8 @@ def test_a_bf16_sampler_is_corrected_from_the_updates_own_forward():
     from ponder.config import load_recipe
 
     base = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
-            "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.taskgen.n_people=20",
-            "env.taskgen.n_train=8", "env.taskgen.n_eval=2", "lora.r=4",
+            "rollout.sampling.max_new_tokens_per_turn=8", "env.max_turns=1", "env.options.taskgen.n_people=20",
+            "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2", "lora.r=4",
             "rollout.sampling.dtype=bfloat16"]  # fmt: skip
     rewards = iter([1.0, 0.0] * 100)
     for extra, recomputed in (([], False), (["algo.epochs=2"], True)):

@@ -130,7 +130,7 @@ def test_best_so_far_counts_evaluations_without_improvement():
     assert not BestSoFar(patience=0, evals_since=99).exhausted and BestSoFar().best == -math.inf
 
 
-SELECT = TINY + ["train.val_tasks=4", "train.eval_every=1", "eval.temperature=0", "env.taskgen.n_train=12"]
+SELECT = TINY + ["train.val_tasks=4", "train.eval_every=1", "eval.temperature=0", "env.options.taskgen.n_train=12"]
 
 
 def test_run_ends_on_the_best_validation_weights_and_never_trains_on_them(tmp_path):

@@ -65,12 +65,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe
-    from ponder.envs import load_search_qa
+    from ponder.envs.data import load_search_qa
+    from ponder.envs.search_qa import SearchQAOptions
     from ponder.tools.retrieval import build_retriever, load_corpus
     from ponder.tools.retrieval.server import ServerLimits, api_key_from_env, serve
 
     limits = ServerLimits(args.max_body_bytes, args.max_queries, args.max_topk, args.api_key or api_key_from_env())
-    docs = load_corpus(args.corpus) if args.corpus else load_search_qa(load_recipe(args.recipe).env).corpus
+    if args.corpus:
+        docs = load_corpus(args.corpus)
+    else:
+        docs = load_search_qa(SearchQAOptions.from_recipe(load_recipe(args.recipe))).corpus
     retriever = build_retriever(args.kind, docs)
     keyed = "; API key required" if limits.api_key else ""
     print(f"serving {len(docs)} documents ({args.kind}) on http://{args.host}:{args.port}/retrieve{keyed}", flush=True)
@@ -96,9 +100,11 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
 
 def cmd_gen_tasks(args: argparse.Namespace) -> int:
     from ponder.config import load_recipe
-    from ponder.envs import generate_world, write_jsonl
+    from ponder.envs.search_qa import SearchQAOptions
+    from ponder.envs.synthetic import generate_world
+    from ponder.envs.taskfile import write_jsonl
 
-    world = generate_world(load_recipe(args.recipe, args.overrides).env.taskgen)
+    world = generate_world(SearchQAOptions.from_recipe(load_recipe(args.recipe, args.overrides)).taskgen)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "corpus.jsonl", world.corpus)
@@ -482,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("gen-tasks", help="write the synthetic corpus and train/eval tasks as JSONL")
     gen.add_argument("--out", required=True, help="output directory")
-    gen.add_argument("--recipe", help="recipe whose env.taskgen settings to use")
+    gen.add_argument("--recipe", help="recipe whose env.options.taskgen settings to use")
     gen.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     gen.set_defaults(handler=cmd_gen_tasks)
     _register_package_commands(commands)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ponder.config.sections import Recipe
+from ponder.config.sections import EnvConfig, Recipe, RewardConfig
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping names one key twice (PyYAML would silently keep the last value)."""
@@ -77,6 +77,24 @@ class ConfigError(ValueError):
 
 T = TypeVar("T")
 
+# Keys that moved out of the core sections into an environment's own options or the
+# generic weights: (section class, old key) → (new key, why). A recipe that still
+# writes one is refused with one line naming the new key, never read another way.
+_SEARCH_QA_OPTION = "search-QA's own option, read by env.kind search_qa"
+_SEARCH_QA_WEIGHT = "search-QA's default weights are its environment's; reward.terms sets any component's"
+MOVED: dict[tuple[type, str], tuple[str, str]] = {
+    **{(EnvConfig, key): (f"env.options.{key}", _SEARCH_QA_OPTION)
+       for key in ("corpus", "tasks", "taskgen", "max_obs_tokens", "max_invalid_actions")},
+    (Recipe, "retriever"): ("env.options.retriever", _SEARCH_QA_OPTION),
+    **{(RewardConfig, key): (f"reward.terms.{key}", _SEARCH_QA_WEIGHT)
+       for key in ("em", "f1", "format", "search_cost")},
+}  # fmt: skip
+
+
+def _moved(cls: type, key: str) -> tuple[str, str] | None:
+    """Where `key` of section `cls` (or of a section it extends) went, if it moved."""
+    return next((MOVED[(base, key)] for base in cls.__mro__ if (base, key) in MOVED), None)
+
 
 def from_dict(cls: type[T], data: dict[str, Any], source: str = "<config>", prefix: str = "") -> T:
     """Build a config dataclass from a nested dict, rejecting unknown keys and bad types."""
@@ -87,6 +105,9 @@ def from_dict(cls: type[T], data: dict[str, Any], source: str = "<config>", pref
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
+            moved = _moved(cls, key)
+            if moved is not None:
+                raise ConfigError(f"{source}: key '{prefix}{key}' moved to '{moved[0]}' ({moved[1]})")
             raise ConfigError(f"{source}: unknown key '{prefix}{key}' (valid: {', '.join(sorted(names))})")
         kwargs[key] = _coerce(hints[key], value, source, f"{prefix}{key}")
     try:
@@ -237,12 +258,12 @@ def _between(low: float, high: float, open_low: bool = False) -> tuple[str, Any]
 RANGES: dict[str, tuple[str, Any]] = {
     **{key: _at_least(1) for key in (
         "rollout.batch_size", "rollout.group_size", "rollout.sampling.max_new_tokens_per_turn",
-        "rollout.sampling.max_total_tokens", "env.max_turns", "env.max_obs_tokens", "retriever.topk",
+        "rollout.sampling.max_total_tokens", "env.max_turns",
         "train.tasks_per_step", "train.save_every", "sft.batch_size", "eval.episodes", "algo.epochs",
         "algo.micro_batch_size", "lora.r", "train.ray_workers",
     )},  # fmt: skip
     **{key: _at_least(0) for key in (
-        "rollout.sampling.temperature", "eval.temperature", "eval.batch_size", "env.max_invalid_actions",
+        "rollout.sampling.temperature", "eval.temperature", "eval.batch_size",
         "train.steps", "train.eval_every", "train.eval_episodes", "sft.steps", "sft.examples", "optim.lr",
         "optim.warmup_steps", "optim.max_grad_norm", "algo.mini_batch_size", "algo.logprob_micro_batch_size",
         "algo.clip_low", "algo.clip_high", "algo.kl_coef", "selection.target_size", "dpo.steps",

@@ -145,54 +145,15 @@ class RolloutConfig:
 
 
 @dataclass
-class RetrieverConfig:
-    """Retrieval behind the `search` tool.
-
-    kind: `bm25`, `dense` (all-MiniLM-L6-v2 + faiss), `hybrid` (reciprocal-rank
-        fusion of both) or `http` (a Search-R1 `/retrieve` server at `url`).
-    topk: passages returned per search.
-    url: base URL of the retrieval server, for kind `http`.
-    timeout_s: per-request timeout, for kind `http`.
-    retries: extra attempts after a failed request (exponential backoff).
-    """
-
-    kind: str = "bm25"
-    topk: int = 3
-    url: str | None = None
-    timeout_s: float = 5.0
-    retries: int = 2
-
-
-@dataclass
-class TaskGenConfig:
-    """Deterministic synthetic search-QA tasks (fictional entities).
-
-    seed: generator seed; the same seed gives the same world, corpus and tasks.
-    n_people: fictional people in the world (companies and cities scale with it).
-    n_train / n_eval: tasks per split; eval tasks ask about different entities.
-    single_hop / multi_hop / in_prompt: mix of task kinds (weights, normalised).
-    plan: the oracle's first thought opens with the number of lookups the question
-        needs ("No lookup needed.", "One lookup.", "Two lookups."), so a policy that
-        imitates it commits to a plan at its first token, where the question is read.
-    """
-
-    seed: int = 0
-    n_people: int = 120
-    n_train: int = 256
-    n_eval: int = 64
-    single_hop: float = 0.5
-    multi_hop: float = 0.25
-    in_prompt: float = 0.25
-    plan: bool = False
-
-
-@dataclass
 class EnvConfig:
     """The environment (see ponder.envs.base for the protocol).
 
     kind: a registered environment (search_qa, math, code, function_calling …) or an
         import path `module:attribute` to your own builder or environment class.
-    options: keyword options for that environment (each documents its own).
+    options: that environment's own options, checked when it is built (each
+        documents its own in its builder; search_qa's corpus, tasks, taskgen,
+        retriever, max_obs_tokens and max_invalid_actions are listed in
+        docs/guide/environments.md).
     train_tasks / eval_tasks: task files (JSONL, Parquet or a saved `datasets`
         directory) replacing the environment's own tasks; empty = its own.
     mcp_servers: MCP servers whose tools the environment gets in place of its own
@@ -200,17 +161,8 @@ class EnvConfig:
         `{name, command: [words]}` (stdio) or `{name, url}` (streamable HTTP), plus
         optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd` (see
         ponder.tools.mcp.client.McpServerSpec; docs/guide/tools.md, "MCP").
-    corpus, tasks, max_turns, max_obs_tokens, max_invalid_actions and taskgen
-    configure search-QA.
-    corpus: JSONL file of {"id", "contents"}; empty = the synthetic corpus.
-    tasks: JSONL file of tasks ({"id", "question", "answers", ...}); empty =
-        synthetic tasks from `taskgen`.
-    max_turns: model actions per episode before it is stopped.
-    max_obs_tokens: retrieved text longer than this is truncated and marked.
-    max_invalid_actions: end an episode (stop reason `invalid`) after this many
-        actions that break the tag protocol; 0 = never, the model is told the error
-        and goes on until max_turns.
-    taskgen: the synthetic search-QA world and tasks (TaskGenConfig).
+    max_turns: model actions per episode before it is stopped (the default of an
+        environment that has no max_turns option of its own).
     """
 
     kind: str = "search_qa"
@@ -218,12 +170,7 @@ class EnvConfig:
     train_tasks: str = ""
     eval_tasks: str = ""
     mcp_servers: list = field(default_factory=list)
-    corpus: str = ""
-    tasks: str = ""
     max_turns: int = 4
-    max_obs_tokens: int = 256
-    max_invalid_actions: int = 0
-    taskgen: TaskGenConfig = field(default_factory=TaskGenConfig)
 
 
 @dataclass
@@ -301,27 +248,20 @@ class JudgeConfig:
 class RewardConfig:
     """Weights of the composite reward (total = sum of weight x component).
 
-    em / f1: exact match and token F1 of the final answer against the gold list.
-    format: 1 when every action follows the tag protocol and an answer is given.
-    search_cost: charged per search call (weight is usually negative).
-    terms: more components, name → weight: a component the environment defines
-        (e.g. math's `correct`), a registered one (ponder.rewards.REWARDS, e.g.
-        `turn_rewards`, the sum of the environment's per-turn rewards;
-        `search_cost_if_correct`, searches of right answers only;
-        `search_cost_excess`, searches beyond the task's needed hops; `plan_kept`,
-        1 when the searches match the lookup count the first thought opens with) or an import
-        path `module:function` to your own (trajectory, task) -> float | None.
-        A name here also overrides the environment's default weight for it.
+    terms: component name → weight, over the environment's own components at its
+        default weights (search_qa: em 1, f1 0, format 0.1, search_cost -0.05; math:
+        correct 1, format 0.1 …; docs/guide/environments.md): a name here sets that
+        component's weight, or adds a component: one the environment defines, a
+        registered one (ponder.rewards.REWARDS, e.g. `turn_rewards`, the sum of the
+        environment's per-turn rewards; `search_cost_if_correct`, searches of right
+        answers only; `search_cost_excess`, searches beyond the task's needed hops;
+        `plan_kept`, 1 when the searches match the lookup count the first thought
+        opens with) or an import path `module:function` to your own
+        (trajectory, task) -> float | None.
     shaping: reward-hacking penalties (ShapingConfig).
     judge: an LLM-as-judge component `judge` (JudgeConfig).
-    em, f1, format and search_cost are search-QA's; other environments bring their
-    own components and default weights.
     """
 
-    em: float = 1.0
-    f1: float = 0.0
-    format: float = 0.1
-    search_cost: float = -0.05
     terms: dict[str, float] = field(default_factory=dict)
     shaping: ShapingConfig = field(default_factory=ShapingConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
@@ -651,11 +591,10 @@ class ImproveConfig:
 
 @dataclass
 class Recipe:
-    """A whole job: model, environment, retrieval, rollout, reward, evaluation, training."""
+    """A whole job: model, environment, rollout, reward, evaluation, training."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

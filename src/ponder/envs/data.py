@@ -1,14 +1,17 @@
-"""The search-QA data an EnvConfig names: a corpus and train/eval task splits."""
+"""The search-QA data its options name: a corpus and train/eval task splits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ponder.config import EnvConfig
 from ponder.envs.synthetic import generate_world
 from ponder.envs.taskfile import load_tasks
 from ponder.tools.retrieval import Document, load_corpus
 from ponder.types import Task
+
+if TYPE_CHECKING:
+    from ponder.envs.search_qa import SearchQAOptions
 
 
 @dataclass
@@ -18,8 +21,9 @@ class SearchQAData:
     eval: list[Task]
 
 
-def load_search_qa(cfg: EnvConfig) -> SearchQAData:
-    """Files when the config names them, else the deterministic synthetic world.
+def load_search_qa(cfg: SearchQAOptions) -> SearchQAData:
+    """Files when the options (corpus, tasks) name them, else the deterministic
+    synthetic world of `taskgen`.
 
     A tasks file is an evaluation set: all its tasks form the eval split. A corpus
     file replaces the synthetic corpus (the synthetic tasks still need their own

@@ -30,7 +30,7 @@ Options (env.options):
       naming the functions that fit, or none: `<think>Fits: get_area.</think>` then
       the calls, `<think>Fits: none.</think>` then the refusal (default false). The
       call-or-decline choice then sits at one place in the reply, as the lookup count
-      does in search-QA's plan (`env.taskgen.plan`).
+      does in search-QA's plan (`env.options.taskgen.plan`).
   venv: bfcl-eval's virtual environment (default .venv-bfcl).
 """
 

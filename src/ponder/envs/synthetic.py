@@ -20,7 +20,6 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from ponder.config import TaskGenConfig
 from ponder.rewards.search import PLANS, needs_search
 from ponder.types import Task
 
@@ -94,6 +93,29 @@ class Entity:
 
 
 @dataclass
+class TaskGenConfig:
+    """env.options.taskgen: deterministic synthetic search-QA tasks (fictional entities).
+
+    seed: generator seed; the same seed gives the same world, corpus and tasks.
+    n_people: fictional people in the world (companies and cities scale with it).
+    n_train / n_eval: tasks per split; eval tasks ask about different entities.
+    single_hop / multi_hop / in_prompt: mix of task kinds (weights, normalised).
+    plan: the oracle's first thought opens with the number of lookups the question
+        needs ("No lookup needed.", "One lookup.", "Two lookups."), so a policy that
+        imitates it commits to a plan at its first token, where the question is read.
+    """
+
+    seed: int = 0
+    n_people: int = 120
+    n_train: int = 256
+    n_eval: int = 64
+    single_hop: float = 0.5
+    multi_hop: float = 0.25
+    in_prompt: float = 0.25
+    plan: bool = False
+
+
+@dataclass
 class SyntheticWorld:
     """The corpus ({"id", "contents"} with the entity name as first line) and both task splits."""
 
@@ -138,12 +160,12 @@ def _split_people(people: list[Entity], rng: random.Random) -> dict[str, list[st
 
 def _check_config(cfg: TaskGenConfig) -> None:
     if cfg.n_people < MIN_PEOPLE:
-        raise ValueError(f"taskgen.n_people must be at least {MIN_PEOPLE}, got {cfg.n_people}")
+        raise ValueError(f"env.options.taskgen.n_people must be at least {MIN_PEOPLE}, got {cfg.n_people}")
     if cfg.n_train < 0 or cfg.n_eval < 0:
-        raise ValueError(f"taskgen.n_train and n_eval must be >= 0, got {cfg.n_train} and {cfg.n_eval}")
+        raise ValueError(f"env.options.taskgen.n_train and n_eval must be >= 0, got {cfg.n_train} and {cfg.n_eval}")
     weights = (cfg.single_hop, cfg.multi_hop, cfg.in_prompt)
     if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ValueError(f"taskgen kind weights must be >= 0 with a positive sum, got {weights}")
+        raise ValueError(f"env.options.taskgen kind weights must be >= 0 with a positive sum, got {weights}")
 
 
 # ---------------------------------------------------------------- the world
@@ -174,7 +196,7 @@ def _unique_word(rng: random.Random, used: set[str]) -> str:
         if word not in used and "quu" not in word:
             used.add(word)
             return word.capitalize()
-    raise RuntimeError("ran out of unique names; lower taskgen.n_people")
+    raise RuntimeError("ran out of unique names; lower env.options.taskgen.n_people")
 
 
 def _new_person(entity_id: str, cities: list[Entity], rng: random.Random, used: set[str]) -> Entity:

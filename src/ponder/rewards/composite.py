@@ -36,7 +36,6 @@ for _name, _fn in {
 }.items():
     REWARDS.add(_name, _fn)
 del _name, _fn
-SEARCH_QA_COMPONENTS = ("em", "f1", "format", "search_cost")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -65,9 +64,10 @@ class CompositeReward:
     def from_config(
         cls, cfg: Any, components: Mapping[str, RewardFn] | None = None, defaults: Mapping[str, float] | None = None
     ) -> CompositeReward:
-        """Weights from a RewardConfig: `defaults` (an environment's; search-QA's four
-        fields when None) updated by cfg.terms, plus cfg.shaping's nonzero penalties."""
-        base = dict(defaults) if defaults is not None else {n: getattr(cfg, n) for n in SEARCH_QA_COMPONENTS}
+        """Weights from a RewardConfig: `defaults` (the environment's default weights,
+        EnvSpec.reward_weights; none when None) updated by cfg.terms, plus cfg.shaping's
+        nonzero penalties."""
+        base = dict(defaults or {})
         shaping = getattr(cfg, "shaping", None)
         if shaping is not None:  # reward-hacking penalties: components `shaping/*`, weight -penalty
             from ponder.rewards.hacking import shaping_components

@@ -54,7 +54,7 @@ def search_calls_excess(trajectory: Trajectory, task: Task) -> float | None:
 
 
 # The lookup counts a planned thought opens with (the search-QA world writes them into
-# its oracle demonstrations under env.taskgen.plan; ponder.envs.synthetic.with_plan).
+# its oracle demonstrations under env.options.taskgen.plan; ponder.envs.synthetic.with_plan).
 PLANS = ("No lookup needed.", "One lookup.", "Two lookups.")
 PLAN_OPENING = re.compile(r"\s*<think>\s*(" + "|".join(re.escape(plan) for plan in PLANS) + ")")
 

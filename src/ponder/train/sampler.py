@@ -18,6 +18,9 @@ from ponder.types import Task, Trajectory
 # Orders one epoch in place: (indices, rng) -> indices.
 Permute = Callable[[list[int], random.Random], list[int]]
 
+NO_TASKS = ("no training tasks to sample from (check train.task_kinds and the environment's training tasks, "
+            "e.g. env.options.taskgen.n_train for search_qa)")
+
 
 def shuffled(indices: list[int], rng: random.Random) -> list[int]:
     rng.shuffle(indices)
@@ -133,7 +136,7 @@ class TaskSampler:
 
     def __init__(self, tasks: list[Task], seed: int, stratify: bool = False, shuffle: bool = True) -> None:
         if not tasks:
-            raise ValueError("no training tasks to sample from (check train.task_kinds and env.taskgen.n_train)")
+            raise ValueError(NO_TASKS)
         self.tasks = tasks
         kinds = [task.kind for task in tasks]
         permute: Permute = shuffled
@@ -182,7 +185,7 @@ class CurriculumSampler:
         for task in tasks:
             by_kind.setdefault(task.kind, []).append(task)
         if not by_kind:
-            raise ValueError("no training tasks to sample from (check train.task_kinds and env.taskgen.n_train)")
+            raise ValueError(NO_TASKS)
         self.kinds = sorted(by_kind)
         self.samplers = [TaskSampler(by_kind[kind], seed * 31 + i) for i, kind in enumerate(self.kinds)]
         self.signal = torch.ones(len(self.kinds), dtype=torch.float64)
