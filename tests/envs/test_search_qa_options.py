@@ -39,3 +39,12 @@ def test_a_bad_option_fails_when_the_env_is_built_naming_the_key():
         build_env(load_recipe(None, ["env.options.max_turns=3"]))  # max_turns is env.max_turns
     with pytest.raises(ConfigError, match=r"'env\.options\.retriever' topk must be >= 1, got 0"):
         build_env(load_recipe(None, ["env.options.retriever.topk=0"]))
+
+
+def test_ponder_envs_exports_the_protocol_and_no_environment():
+    import ponder.envs as envs
+    from ponder.envs import base
+
+    assert {"Env", "EnvSpec", "EnvContext", "Opening", "register_env", "resolve_env", "load_tasks_from"} <= set(envs.__all__)
+    assert all(getattr(envs, name) is getattr(base, name) for name in envs.__all__ if hasattr(base, name))
+    assert not [name for name in envs.__all__ if "search" in name.lower() or "world" in name.lower()]

@@ -1,20 +1,39 @@
-"""Environments: the protocol's search-QA environment, synthetic tasks, task files."""
+"""Environments: the protocol (ponder.envs.base) and task files; each environment is a
+module of its own (search_qa, math, code, function_calling), registered by name when
+a recipe first asks for one, and imported from there by what needs its own names."""
 
-from ponder.envs.data import SearchQAData, load_search_qa
-from ponder.envs.search_qa import SearchQAEnv, SearchQAEnvFactory, build_messages, search_tool
-from ponder.envs.synthetic import SyntheticWorld, generate_world
+from ponder.envs.base import (
+    ENVS,
+    BaseEnv,
+    Env,
+    EnvBuilder,
+    EnvContext,
+    EnvSpec,
+    Opening,
+    RewardFn,
+    close_env,
+    load_tasks_from,
+    opening_of,
+    register_env,
+    resolve_env,
+)
 from ponder.envs.taskfile import TaskFileError, load_tasks, write_jsonl
 
 __all__ = [
-    "SearchQAData",
-    "SearchQAEnv",
-    "SearchQAEnvFactory",
-    "SyntheticWorld",
+    "ENVS",
+    "BaseEnv",
+    "Env",
+    "EnvBuilder",
+    "EnvContext",
+    "EnvSpec",
+    "Opening",
+    "RewardFn",
     "TaskFileError",
-    "build_messages",
-    "generate_world",
-    "load_search_qa",
+    "close_env",
     "load_tasks",
-    "search_tool",
+    "load_tasks_from",
+    "opening_of",
+    "register_env",
+    "resolve_env",
     "write_jsonl",
 ]
