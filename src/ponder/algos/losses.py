@@ -24,8 +24,8 @@ from typing import Callable
 import torch
 
 from ponder.algos.kl import kl_estimate
-from ponder.registry import Registry
 from ponder.algos.utils import masked_mean
+from ponder.registry import Registry
 
 #: log-ratios are clamped before exp so one stale token cannot overflow (as verl).
 LOG_RATIO_CLAMP = 20.0

@@ -33,6 +33,7 @@ from ponder.config.pipeline import (
 )
 from ponder.config.sections import (
     AlgoConfig,
+    ConstrainConfig,
     EnvConfig,
     EvalConfig,
     ImproveConfig,
@@ -56,7 +57,7 @@ __all__ = [
     "ContinualConfig", "DataConfig", "DPOConfig", "EnvConfig", "EvalConfig", "from_dict",
     "ImproveConfig", "JudgeConfig", "load_recipe", "LoraConfig", "ModelConfig", "OptimConfig",
     "packaged_recipes", "PipelineConfig", "PipelineRecipe", "Recipe", "resolve_recipe_path",
-    "RewardConfig", "RolloutConfig", "RopeScalingConfig", "SamplingConfig",
+    "ConstrainConfig", "RewardConfig", "RolloutConfig", "RopeScalingConfig", "SamplingConfig",
     "save_recipe", "SelectionConfig", "SFTConfig", "SFTTrainerConfig", "ShapingConfig",
     "to_dict", "TrackingConfig", "TrainConfig",
 ]  # fmt: skip

@@ -100,6 +100,28 @@ WEIGHT_SYNCS = ("merged", "adapter")
 
 
 @dataclass
+class ConstrainConfig:
+    """rollout.constrain: every action sampled to match a grammar (rollout/constrain.py).
+    The logprobs recorded are those of the masked distribution the tokens were drawn
+    from, and the trainer applies the same masks again, so the importance ratio at the
+    sampling weights stays exactly 1.
+
+    kind: `none`, `regex`, `json_schema` or `lark` (llguidance's EBNF, which may embed
+        JSON Schemas with `%json`).
+    source: the regex, the JSON Schema (a mapping, or JSON text) or the Lark grammar.
+    """
+
+    kind: str = "none"
+    source: str | dict[str, Any] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "regex", "json_schema", "lark"):
+            raise ValueError(f"rollout.constrain.kind: unknown '{self.kind}'; valid: json_schema, lark, none, regex")
+        if self.kind != "none" and not self.source:
+            raise ValueError(f"rollout.constrain.source: a {self.kind} is needed with kind {self.kind}")
+
+
+@dataclass
 class RolloutConfig:
     """Batched multi-turn rollout.
 
@@ -124,6 +146,7 @@ class RolloutConfig:
     vllm_timeout_s / vllm_retries: per-request timeout, and extra attempts after a
         timeout, connection error or 5xx (backoff 0.5 s, 1 s, 2 s …).
     vllm_start_timeout_s: how long a server ponder starts may take to come up.
+    constrain: see ConstrainConfig (the `hf` backend only).
     """
 
     batch_size: int = 16
@@ -137,6 +160,7 @@ class RolloutConfig:
     vllm_timeout_s: float = 300.0
     vllm_retries: int = 2
     vllm_start_timeout_s: float = 600.0
+    constrain: ConstrainConfig = field(default_factory=ConstrainConfig)
 
     def __post_init__(self) -> None:
         if self.vllm_weight_sync not in WEIGHT_SYNCS:

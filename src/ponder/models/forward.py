@@ -11,6 +11,10 @@ import torch
 from ponder.models.logprobs import logprobs_and_entropy, position_ids_from_mask
 from ponder.models.value_head import ValueHead
 
+# A forbidden token's logit under a constraint: finite, so its probability is exactly 0
+# and the entropy's p·logit is 0, where -inf would give 0·-inf = nan.
+MASKED = -1e9
+
 
 def forward_policy(
     model: Any,
@@ -21,6 +25,7 @@ def forward_policy(
     loss_mask: torch.Tensor | None = None,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    masks: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One pass: (logprobs [B, L-1], entropy [B, L-1] or None, values [B, L-1] or None).
 
@@ -38,6 +43,9 @@ def forward_policy(
     see `_forward_after_shared_prefix`. The result and its gradient are the same.
     With activation offload on, the tensors saved for backward (the logits' too) go
     to host memory (`saved_activations`).
+    `masks` (a rollout.constrain.ConstraintMasks, for actions sampled under a grammar):
+    `masks.at(keep, vocab)` says which tokens each position allowed; the others' logits
+    are pushed to MASKED first, so logprobs are those of the masked distribution.
     """
     with saved_activations(model, input_ids):
         keep = None
@@ -63,6 +71,9 @@ def forward_policy(
         else:
             logits = out.logits
         scaled = logits / temperature if temperature > 0 and temperature != 1.0 else logits
+        if masks is not None:
+            allowed = masks.at(keep, scaled.shape[-1]).to(scaled.device)
+            scaled = scaled.float().masked_fill(~allowed, MASKED)
         picked, entropy = logprobs_and_entropy(scaled, input_ids[:, keep + 1], with_entropy, entropy_grad)
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
         logprobs = picked.new_zeros(shape).index_copy(1, keep, picked)

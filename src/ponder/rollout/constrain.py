@@ -19,6 +19,7 @@ and the one its recorded logprob belongs to.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -82,6 +83,15 @@ class Constraint:
 
 # Compact JSON (no free whitespace): a small model given room for spaces fills it.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def action_constraint(config: Any) -> Constraint | None:
+    """The constraint of a recipe's rollout.constrain (a ConstrainConfig), or None."""
+    if config.kind == "none":
+        return None
+    if config.kind == "json_schema" and isinstance(config.source, dict):
+        return Constraint.json_schema(config.source)
+    return Constraint(config.kind, config.source)
 
 
 class Matcher:
@@ -201,3 +211,50 @@ def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, p
     call = json.dumps(schema, sort_keys=False, ensure_ascii=False)
     repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
     return Constraint.lark(f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {call}\n')
+
+
+class ConstraintMasks:
+    """The masks a batch's actions were sampled under, for the trainer to apply again:
+    every run of policy tokens (loss_mask 1) in a row is one action, sampled under a
+    fresh matcher of `constraint`, so replaying the sampled tokens through the grammar
+    gives each token's mask. Masked logprobs are then the distribution the token was
+    drawn from (masked and renormalised), and the importance ratio at the sampling
+    weights is exactly 1, as without a constraint.
+
+    input_ids [B, L], loss_mask [B, L-1] (1 where input_ids[:, t+1] was sampled)."""
+
+    def __init__(self, grammars: Grammars, constraint: Constraint, input_ids: torch.Tensor,
+                 loss_mask: torch.Tensor) -> None:  # fmt: skip
+        self.grammars, self.constraint = grammars, constraint
+        self.targets = input_ids[:, 1:].tolist()
+        self.loss_mask = loss_mask.bool().tolist()
+
+    def at(self, keep: torch.Tensor, width: int) -> torch.Tensor:
+        """A bool [B, K, width]: the tokens allowed at each of the K positions `keep`
+        (all of them where a row has no policy token, or its grammar has ended)."""
+        column = {position: k for k, position in enumerate(keep.tolist())}
+        allowed = np.ones((len(self.targets), len(column), width), dtype=bool)
+        for row, (targets, policy) in enumerate(zip(self.targets, self.loss_mask)):
+            matcher: Matcher | None = None
+            for position, sampled in enumerate(policy):
+                if not sampled:
+                    matcher = None  # the action ended; the next one starts a fresh grammar
+                    continue
+                matcher = matcher or self.grammars.matcher(self.constraint)
+                if matcher.done:
+                    continue
+                known = min(width, matcher.vocab_size)
+                allowed[row, column[position], :known] = matcher.allowed()[:known]
+                allowed[row, column[position], known:] = False
+                matcher.advance(targets[position])
+        return torch.from_numpy(allowed)
+
+
+def constraint_masks(constraint: Constraint | None, policy: Any, eos_ids: Any = None) -> Any:
+    """`masks_for(input_ids, loss_mask)` -> ConstraintMasks of `constraint` for the
+    policy's tokenizer (the grammars its sampler compiled), or None without one."""
+    if constraint is None:
+        return None
+    eos = eos_ids if eos_ids is not None else {policy.tokenizer.eos_token_id}
+    grammars = grammars_for(policy.tokenizer, eos, policy.model.config.vocab_size)
+    return functools.partial(ConstraintMasks, grammars, constraint)

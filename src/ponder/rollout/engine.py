@@ -20,6 +20,7 @@ from ponder.config import RolloutConfig
 from ponder.envs.base import Env, close_env, opening_of
 from ponder.models.chat import encode_chat
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest
+from ponder.rollout.constrain import action_constraint
 from ponder.types import Task, Trajectory, Turn
 
 
@@ -55,6 +56,7 @@ class RolloutEngine:
         self.tokenizer = backend.tokenizer
         self.env_factory = env_factory
         self.config = config
+        self.constraint = action_constraint(config.constrain)  # every action's, or None
 
     def run(
         self, tasks: list[Task], on_episode_done: Callable[[Trajectory], None] | None = None
@@ -121,7 +123,7 @@ class RolloutEngine:
                 episode.trajectory.stop_reason = "max_tokens"
                 results.append((episode, True))
             else:
-                runnable.append((episode, GenerationRequest(episode.key, episode.context, budget)))
+                runnable.append((episode, GenerationRequest(episode.key, episode.context, budget, self.constraint)))
         if not runnable:
             return results
         stop_strings = runnable[0][0].env.stop_strings

@@ -48,6 +48,7 @@ from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import HackingMonitor
 from ponder.rollout import RolloutEngine, RolloutStats
+from ponder.rollout.constrain import constraint_masks
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.runlog.tracking import check_trackers
 from ponder.train.batch import TokenBatch, collate
@@ -157,6 +158,8 @@ class RLTrainer:
         self.best = BestSoFar(cfg.patience)
         self.demonstrations: list[Trajectory] = []  # algo.sft_coef's anchor (use_demonstrations)
         self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
+        # rollout.constrain: the masks actions were sampled under, applied again by every pass
+        self.masks_for = constraint_masks(self.engine.constraint, policy, getattr(backend, "eos_ids", None))
         self.rollouts: Rollouts = LocalRollouts(self.engine)
         hidden = self.policy.model.config.hidden_size
         needs_values = ADVANTAGES.trait(recipe.algo.advantage, "needs_values")
@@ -306,10 +309,11 @@ class RLTrainer:
             if self._old_from_forward(len(batch)):
                 take_old_logprobs_from_forward(batch)
             else:
-                metrics = recompute_old_logprobs(self.policy, batch, micro, temperature)
+                metrics = recompute_old_logprobs(self.policy, batch, micro, temperature, self.masks_for)
         if algo.kl_coef > 0:
             with self._reference_policy():
-                batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, temperature)
+                batch.ref_logprobs = forward_pass_no_grad(self.policy, batch, micro, temperature,
+                                                          masks_for=self.masks_for)  # fmt: skip
         if self.value_head is not None:
             batch.old_values = forward_pass_no_grad(self.policy, batch, micro, temperature, self.value_head)
         return metrics
@@ -393,7 +397,7 @@ class RLTrainer:
         return UpdateInputs(
             self.policy, self.value_head, recipe.algo, self.loss_config(), recipe.rollout.sampling.temperature,
             self.kl.coef, self._trainable(), self.optimizer, self.scheduler, recipe.optim.max_grad_norm,
-            self.demonstration_batch(),
+            self.demonstration_batch(), self.masks_for,
         )  # fmt: skip
 
     def demonstration_batch(self) -> TokenBatch | None:

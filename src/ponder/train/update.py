@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,8 @@ class UpdateInputs:
     the algorithm's settings, the loss config, the sampling temperature the
     log-probs are taken at, the KL coefficient now, the optimizer with its
     schedule, parameters and clipping norm, and the step's demonstrations (with
-    algo.sft_coef > 0: their SFT loss joins every optimizer step)."""
+    algo.sft_coef > 0: their SFT loss joins every optimizer step). `masks_for(input_ids,
+    loss_mask)`: the masks actions were sampled under (rollout.constrain), or None."""
 
     policy: Policy
     value_head: ValueHead | None
@@ -56,6 +58,7 @@ class UpdateInputs:
     scheduler: Any
     max_grad_norm: float | None
     demonstrations: TokenBatch | None = None
+    masks_for: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
 
 
 @torch.no_grad()
@@ -65,30 +68,35 @@ def forward_pass_no_grad(
     micro_batch_size: int,
     temperature: float,
     value_head: ValueHead | None = None,
+    masks_for: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
 ) -> torch.Tensor:
     """Value estimates (with value_head), or else the model's logprobs as it is now
-    (the reference's inside the trainer's reference context), [B, L-1], in micro-batches."""
+    (the reference's inside the trainer's reference context), [B, L-1], in micro-batches;
+    under the masks the actions were sampled with (`masks_for`, see UpdateInputs)."""
     out = torch.zeros_like(batch.old_logprobs)
     for start in range(0, len(batch), micro_batch_size):
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
         part = batch.select(rows).to(policy.device)
         with cpu_block():  # fewer while other processes hold the cores
+            masks = masks_for(part.input_ids, part.loss_mask) if masks_for is not None else None
             logprobs, _, values = forward_policy(
-                policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask
-            )
+                policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask,
+                masks=masks,
+            )  # fmt: skip
         result = values if value_head is not None else logprobs
         out[rows, : result.shape[1]] = result.to(out.device)
     return out
 
 
-def recompute_old_logprobs(policy: Policy, batch: TokenBatch, micro_batch_size: int, temperature: float) -> dict[str, float]:
+def recompute_old_logprobs(policy: Policy, batch: TokenBatch, micro_batch_size: int, temperature: float,
+                           masks_for: Callable[[torch.Tensor, torch.Tensor], Any] | None = None) -> dict[str, float]:
     """For a sampler whose kernels are not the trainer's (vLLM, a bf16 decoder): its
     log-probs move to batch.sampler_logprobs, old_logprobs become the trainer's own
     (the PPO ratio's denominator; the TIS weight corrects for the gap); returns the gap
     as metrics. An update of one pass at the sampling weights needs no extra forward:
     see `take_old_logprobs_from_forward`."""
     batch.sampler_logprobs = batch.old_logprobs
-    batch.old_logprobs = forward_pass_no_grad(policy, batch, micro_batch_size, temperature)
+    batch.old_logprobs = forward_pass_no_grad(policy, batch, micro_batch_size, temperature, masks_for=masks_for)
     mismatch = sampler_mismatch(batch.old_logprobs, batch.sampler_logprobs, batch.loss_mask)
     return {f"rollout/{name}": value for name, value in mismatch.items()}
 
@@ -187,9 +195,10 @@ def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
 def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
     algo, loss_cfg = inputs.algo, inputs.loss
     mask = part.loss_mask
+    masks = inputs.masks_for(part.input_ids, mask) if inputs.masks_for is not None else None
     logprobs, entropy, values = forward_policy(
         inputs.policy.model, part.input_ids, part.attention_mask, inputs.temperature, inputs.value_head, mask,
-        with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+        with_entropy=True, entropy_grad=algo.entropy_coef > 0, masks=masks,
     )  # fmt: skip
     old = logprobs.detach() if part.old_from_forward else part.old_logprobs
     per_token, metrics = policy_loss(algo.loss, logprobs, old, part.advantages, mask, loss_cfg)
