@@ -32,9 +32,9 @@ QUESTIONS = ["What is the weather in Paris tomorrow?", "Book a table for two at 
              "Convert 12 miles to kilometres.", "Find flights from Oslo to Rome.", "Say something."]  # fmt: skip
 
 
-def random_schema(rng: random.Random, depth: int = 0) -> dict:
+def random_schema(rng: random.Random, depth: int = 0, longest: int = 24) -> dict:
     """A schema of the kinds tools use (numbers with a multipleOf and closed objects, as
-    OpenAI's strict mode asks)."""
+    OpenAI's strict mode asks); strings at most `longest` characters."""
     kinds = ["enum", "integer", "number", "boolean", "string", "array"] + (["object"] if depth < 2 else [])
     kind = rng.choice(kinds)
     if kind == "enum":
@@ -44,18 +44,18 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
         step = {"multipleOf": 0.5} if kind == "number" else {}
         return {"type": kind, "minimum": low, "maximum": low + rng.randint(1, 100), **step}
     if kind == "string":
-        return {"type": "string", "maxLength": rng.randint(4, 24)}
+        return {"type": "string", "maxLength": rng.randint(min(4, longest), longest)}
     if kind == "array":
-        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": 1, "maxItems": 3}
+        return {"type": "array", "items": random_schema(rng, depth + 1, longest), "minItems": 1, "maxItems": 3}
     if kind == "boolean":
         return {"type": "boolean"}
     names = rng.sample(["city", "date", "count", "unit", "name", "price"], rng.randint(1, 3))
-    return {"type": "object", "properties": {n: random_schema(rng, depth + 1) for n in names},
+    return {"type": "object", "properties": {n: random_schema(rng, depth + 1, longest) for n in names},
             "required": rng.sample(names, rng.randint(1, len(names))), "additionalProperties": False}  # fmt: skip
 
 
-def object_schema(rng: random.Random) -> dict:
-    schema = random_schema(rng, 1)
+def object_schema(rng: random.Random, longest: int = 24) -> dict:
+    schema = random_schema(rng, 1, longest)
     if schema.get("type") == "object":
         return schema
     return {"type": "object", "properties": {"value": schema}, "required": ["value"], "additionalProperties": False}
@@ -140,7 +140,10 @@ def run(client: openai.OpenAI, model: str, requests: int) -> dict:
         for temperature in (0.0, 1.0):
             rng, failures, start = random.Random(f"{kind}{temperature}"), [], time.perf_counter()
             for seed in range(requests):
-                problem = case(client, model, rng, temperature, seed)
+                try:
+                    problem = case(client, model, rng, temperature, seed)
+                except openai.UnprocessableEntityError as err:  # max_tokens ran out first
+                    problem = str(err.body.get("message", err))[:200]
                 if problem is not None:
                     failures.append({"seed": seed, "problem": problem})
             name = f"{kind} at temperature {temperature:g}"

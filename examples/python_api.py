@@ -13,7 +13,7 @@ import argparse
 import threading
 import time
 
-from ponder import evaluate, load_recipe, serve, train
+from ponder.api import evaluate, load_recipe, serve, train
 
 TINY = ["model.name=tiny", "sft.steps=2", "sft.batch_size=2", "sft.examples=4", "train.steps=2",
         "train.tasks_per_step=2", "rollout.group_size=2", "rollout.sampling.max_new_tokens_per_turn=8",

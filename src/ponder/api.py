@@ -1,6 +1,6 @@
 """ponder from Python, for people who would rather not write YAML:
 
-    from ponder import load_recipe, train, evaluate, serve
+    from ponder.api import load_recipe, train, evaluate, serve
 
     recipe = load_recipe("recipes/search_qa_grpo.yaml", ["train.steps=4"])  # or None: defaults
     run_dir = train(recipe, "runs/mine")                         # SFT warm-up (if any), then RL
