@@ -496,6 +496,8 @@ class TrainConfig:
     async_rollouts: sample step k+1's episodes while step k updates (from the weights
         before that update: one step off-policy, bounded by algo.max_staleness).
         false = exactly on-policy. A resumed async run samples its first step on-policy.
+    agent_timeout_s: the longest one episode of an agent program may run through the
+        gateway (env.kind gateway); past it the episode fails (reward 0) and the run goes on.
     """
 
     steps: int = 20
@@ -521,6 +523,7 @@ class TrainConfig:
     ray_env_workers: int = 0
     ray_learner: bool = True
     async_rollouts: bool = False
+    agent_timeout_s: float = 300.0
 
 
 @dataclass

@@ -212,6 +212,7 @@ def _load_builtin_envs() -> None:
 # Modules whose import registers ponder's own environments.
 BUILTIN_ENV_MODULES: list[str] = [
     "ponder.envs.search_qa", "ponder.envs.math", "ponder.envs.code", "ponder.envs.function_calling",
+    "ponder.envs.gateway",
 ]  # fmt: skip
 
 

@@ -88,7 +88,7 @@ class RolloutEngine:
                         continue
                     closed.add(episode.key)
                     close_env(episode.env)
-                    _finalise(episode.trajectory)
+                    finalise(episode.trajectory)
                     finished[episode.key] = episode.trajectory
                     if on_episode_done is not None:
                         on_episode_done(episode.trajectory)
@@ -176,7 +176,7 @@ def _extend(episode: _Episode, token_ids: list[int], logprobs: list[float], poli
     episode.context.extend(token_ids)
 
 
-def _finalise(trajectory: Trajectory) -> None:
+def finalise(trajectory: Trajectory) -> None:
     """Per-episode counts every report and reward reads: turns, tool calls (all, and
     `tool_calls/<name>` per tool called), errors, tokens, whether it answered; beside
     them the environment's own counts (its `info["metrics"]`, summed over the turns)."""

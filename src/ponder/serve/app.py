@@ -93,7 +93,7 @@ def create_app(server: ModelServer) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}.get(exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -140,6 +140,13 @@ def create_app(server: ModelServer) -> FastAPI:
     return app
 
 
+def _sampling(request: Any, asked: int | None, session: Any, prompt_tokens: int) -> tuple[float, float, int | None]:
+    """(temperature, top_p, max_tokens) for a request: as asked, or as a session sets them."""
+    if session is None:
+        return request.temperature, request.top_p, asked
+    return session.sampling.apply(request.temperature, request.top_p, asked, prompt_tokens)
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
@@ -163,7 +170,10 @@ def _personal_user(server: ModelServer, request: ChatRequest) -> str | None:
     return request.user
 
 
-async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResponse | StreamingResponse:
+async def chat_completion(server: ModelServer, request: ChatRequest,
+                          session: Any = None) -> JSONResponse | StreamingResponse:  # fmt: skip
+    """`session`: a gateway session (serve/sessions.py) that builds the prompt on its
+    recorded ids, sets the sampling, and records every reply as a call."""
     adapter = server.adapter_for(request.model)
     user = _personal_user(server, request)
     if user is not None:
@@ -171,18 +181,25 @@ async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResp
     _check_choices(server, request.n, request.stream)
     plan = plan_chat(request)
     server.check_constraint(plan.constraint)
-    prompt_ids = server.encode_chat(plan.messages)
-    budget = server.token_budget(prompt_ids, max_tokens_of(request))
+    if session is None:
+        prompt_ids = server.encode_chat(plan.messages)
+    else:
+        prompt_ids = session.prompt_ids(server.tokenizer, server.eos_ids, plan.messages)
+    temperature, top_p, asked = _sampling(request, max_tokens_of(request), session, len(prompt_ids))
+    budget = server.token_budget(prompt_ids, asked)
     stops = stop_list(request.stop)
 
     def job(on_text: Callable[[str], None] | None = None) -> Job:
-        return Job(prompt_ids, budget, adapter, request.temperature, request.top_p, stops, on_text, plan.constraint)
+        return Job(prompt_ids, budget, adapter, temperature, top_p, stops, on_text, plan.constraint)
 
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
 
     async def log(text: str, result: JobResult) -> None:
         """A user's chat is an interaction (id = the completion's id), recorded before the
-        reply is sent, so feedback on it can follow at once. With n > 1, the first choice."""
+        reply is sent, so feedback on it can follow at once. With n > 1, the first choice.
+        A session records every choice as a call."""
+        if session is not None:
+            session.record(plan.messages, prompt_ids, result, text)
         if user is not None:
             await asyncio.to_thread(server.users.log, user, plan.messages, text, result.adapter, meta["id"])
 
@@ -192,7 +209,8 @@ async def chat_completion(server: ModelServer, request: ChatRequest) -> JSONResp
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     results = await asyncio.gather(*[_chat_choice(server, job, plan, stops) for _ in range(request.n)])
     used = sum(tokens for _, _, tokens, _ in results)
-    await log(*results[0][3])
+    for *_, logged in results if session is not None else results[:1]:
+        await log(*logged)
     choices = [{"index": i, "message": _message(reply), "logprobs": None, "finish_reason": finish}
                for i, (reply, finish, _, _) in enumerate(results)]  # fmt: skip
     body = {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(len(prompt_ids), used)}
@@ -347,25 +365,32 @@ def _prompt_ids(server: ModelServer, prompt: Any) -> list[list[int]]:
     return prompts
 
 
-async def text_completion(server: ModelServer, request: CompletionRequest) -> JSONResponse | StreamingResponse:
+async def text_completion(server: ModelServer, request: CompletionRequest,
+                          session: Any = None) -> JSONResponse | StreamingResponse:  # fmt: skip
+    """`session`: as for chat_completion (the prompt's ids as given; each reply a call)."""
     adapter = server.adapter_for(request.model)
     prompts = _prompt_ids(server, request.prompt)
     _check_choices(server, len(prompts) * request.n, request.stream)
-    budgets = [server.token_budget(ids, request.max_tokens) for ids in prompts]
+    sampled = [_sampling(request, request.max_tokens, session, len(ids)) for ids in prompts]
+    budgets = [server.token_budget(ids, asked) for ids, (_, _, asked) in zip(prompts, sampled)]
     stops = stop_list(request.stop)
 
     def job(index: int, on_text: Callable[[str], None] | None = None) -> Job:
-        return Job(prompts[index], budgets[index], adapter, request.temperature, request.top_p, stops, on_text)
+        temperature, top_p, _ = sampled[index]
+        return Job(prompts[index], budgets[index], adapter, temperature, top_p, stops, on_text)
 
     meta = {"id": "cmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
     echo = [server.decode(ids) if request.echo else "" for ids in prompts]
     if request.stream:
         usage_wanted = bool(request.stream_options and request.stream_options.include_usage)
+        record = None if session is None else (lambda result, text: session.record([], prompts[0], result, text))
         events = _stream_completion(server, lambda on_text: job(0, on_text), stops, meta, echo[0],
-                                    len(prompts[0]) if usage_wanted else None)  # fmt: skip
+                                    len(prompts[0]) if usage_wanted else None, record)  # fmt: skip
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     order = [p for p in range(len(prompts)) for _ in range(request.n)]
     results = await asyncio.gather(*[server.generate(job(p)) for p in order])
+    for p, result in zip(order, results) if session is not None else []:
+        session.record([], prompts[p], result, cut_at_stop(result.text, stops)[0])
     choices = [{"index": i, "text": echo[p] + cut_at_stop(r.text, stops)[0], "logprobs": None,
                 "finish_reason": r.finish_reason} for i, (p, r) in enumerate(zip(order, results))]  # fmt: skip
     used = sum(len(r.token_ids) for r in results)
@@ -381,7 +406,7 @@ def _completion_chunk(meta: dict[str, Any], text: str, finish: str | None = None
 
 async def _stream_completion(
     server: ModelServer, make_job: Callable[..., Job], stops: list[str], meta: dict[str, Any], echo: str,
-    usage_prompt_tokens: int | None,
+    usage_prompt_tokens: int | None, record: Callable[[JobResult, str], Any] | None = None,
 ) -> AsyncIterator[str]:  # fmt: skip
     live = _LiveText(server, make_job, stops)
     try:
@@ -396,6 +421,8 @@ async def _stream_completion(
             yield DONE
             return
         text, _ = cut_at_stop(result.text, stops)
+        if record is not None:
+            record(result, text)
         yield _completion_chunk(meta, text[live.sent :], result.finish_reason)
         if usage_prompt_tokens is not None:
             usage = _usage(usage_prompt_tokens, len(result.token_ids))

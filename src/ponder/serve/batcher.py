@@ -65,13 +65,15 @@ class Job:
 @dataclass
 class JobResult:
     """finish_reason: `stop` (end of turn or a stop string), `length`, or `abort`.
-    adapter: the PEFT adapter that generated it (the job's name resolved; None: the base)."""
+    adapter: the PEFT adapter that generated it (the job's name resolved; None: the base).
+    logprobs[i]: log p(token_ids[i]) under the distribution sampled (what the gateway records)."""
 
     token_ids: list[int]
     text: str
     finish_reason: str
     stopped: bool
     adapter: str | None = None
+    logprobs: list[float] = field(default_factory=list)
 
 
 class Batcher:
@@ -199,4 +201,4 @@ def job_result(job: Job, generation: Generation) -> JobResult:
         reason = "stop"
     else:
         reason = "abort" if generation.finish_reason == "abort" else "length"
-    return JobResult(generation.token_ids, generation.text, reason, job.stopped)
+    return JobResult(generation.token_ids, generation.text, reason, job.stopped, logprobs=generation.logprobs)

@@ -370,8 +370,10 @@ class RLTrainer:
     def close(self) -> None:
         """Close the environment factory (what its episodes share: a sandbox pool, a
         checker process); `train()` does when it ends, however it ends. ponder's
-        factories start again on their next use (a later `train()` or `evaluate_held_out`)."""
+        factories start again on their next use (a later `train()` or `evaluate_held_out`).
+        Rollouts with a `close` (the gateway's server) are closed too."""
         close_env(self.env_factory)
+        close_env(self.rollouts)
 
     def _metrics_log(self) -> MetricsLog:
         tracking = self.recipe.tracking

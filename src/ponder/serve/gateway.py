@@ -1,0 +1,261 @@
+"""The training gateway: an unchanged agent program's episodes as the trainer's rollouts.
+
+`GatewayRollouts` is a `Rollouts` (ponder.train.rl) for `env.kind: gateway`
+(ponder.envs.gateway). It serves the trainer's own generation backend — the live
+policy — behind ponder serve's HTTP layer with sessions (serve/session_routes.py) on
+127.0.0.1, and for each episode opens a session, runs the program against the
+session's `base_url` (an `agent` function, or a `command` in a process of its own),
+then turns the session's recorded calls into token-exact trajectories
+(rollout/segments.py) carrying the program's reward.
+
+Calls are sampled with the recipe's rollout.sampling (temperature, top_p, the token
+budget per call and per episode), whatever the program's requests say: the trainer's
+ratios are against the distribution it configured. Each call records the weights
+version (the training step) that served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import os
+import secrets
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions
+from ponder.plugins import import_object
+from ponder.rollout.engine import RolloutStats, finalise
+from ponder.serve.batcher import Batcher
+from ponder.serve.engine import ModelServer, ServeConfig
+from ponder.serve.session_routes import POLICY_NAME, create_gateway_app
+from ponder.serve.sessions import Session, Sessions, SessionSampling
+from ponder.types import Task, Trajectory, Turn
+
+
+class LiveBackend:
+    """The trainer's generation backend as serve's batcher drives it: one model and no
+    adapters; the batcher sets `sampling` per batch and installs its `on_token` hook."""
+
+    def __init__(self, backend: Any) -> None:
+        self.inner = backend
+        self.adapter: str | None = None
+
+    tokenizer = property(lambda self: self.inner.tokenizer)
+    eos_ids = property(lambda self: self.inner.eos_ids)
+    sampling = property(lambda self: self.inner.sampling, lambda self, value: setattr(self.inner, "sampling", value))
+    on_token = property(lambda self: self.inner.on_token, lambda self, value: setattr(self.inner, "on_token", value))
+
+    def resolve(self, name: str | None) -> str | None:
+        return None
+
+    def generate(self, requests: list[Any], stop_strings: list[str]) -> list[Any]:
+        return self.inner.generate(requests, stop_strings)
+
+
+class GatewayServer:
+    """Sessions over `backend`, served by uvicorn in a thread on host:port (0: any free
+    port; `url` says which). `close()` stops the server and its batching worker."""
+
+    def __init__(self, backend: Any, sessions: Sessions, max_staleness: int | None = None,
+                 host: str = "127.0.0.1", port: int = 0, max_batch: int = 32) -> None:  # fmt: skip
+        self.sessions = sessions
+        self.batcher = Batcher(LiveBackend(backend), 0.005, max_batch)
+        self.batcher.start()
+        tokenizer = backend.tokenizer
+        limit = int(getattr(backend.policy.model.config, "max_position_embeddings", 0) or 1 << 30)
+        config = ServeConfig(model=POLICY_NAME, host=host, port=port, max_tokens_limit=limit,
+                             max_body_bytes=8_000_000, max_batch_size=max_batch)  # fmt: skip
+        self.model_server = ModelServer(config, self.batcher, tokenizer, limit, "hf")
+        self.model_server.eos_ids = set(backend.eos_ids)
+        self.model_server.vocab_size = backend.policy.model.config.vocab_size
+        app = create_gateway_app(self.model_server, sessions, max_staleness)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="ponder-gateway", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not start on {host}:{port}")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.batcher.stop()
+
+
+@dataclass
+class Outcome:
+    """One episode's end: the reward it reported (and its parts), or why it failed."""
+
+    reward: float | None = None
+    breakdown: dict[str, float] | None = None
+    failure: str | None = None
+
+
+def reported(value: Any) -> Outcome:
+    """A program's return value (or printed last line, parsed) as its reward: a number,
+    a dict of named numbers (summed), or None (nothing reported)."""
+    if value is None:
+        return Outcome()
+    parts = value if isinstance(value, dict) else {"reward": value}
+    for name, part in parts.items():
+        if isinstance(part, bool) or not isinstance(part, (int, float)):
+            return Outcome(failure=f"the program reported {name} = {part!r}, not a number")
+        if not math.isfinite(part):
+            return Outcome(failure=f"the program reported a {part} reward")
+    total = float(sum(parts.values()))
+    return Outcome(total, {k: float(v) for k, v in parts.items()} if isinstance(value, dict) else None)
+
+
+class ProgramRunner:
+    """Runs the recipe's program for one episode against a session (see GatewayOptions)."""
+
+    def __init__(self, options: GatewayOptions, timeout_s: float) -> None:
+        self.options = options
+        self.timeout_s = timeout_s
+        self.agent = import_object(options.agent, "env.options.agent") if options.agent else None
+
+    async def run(self, task: Task, base_url: str, session: Session, control_url: str) -> Outcome:
+        try:
+            if self.agent is not None:
+                return await asyncio.wait_for(self._call(task, base_url, session.key), self.timeout_s)
+            return await self._command(task, base_url, session, control_url)
+        except TimeoutError:
+            return Outcome(failure=f"the program ran past train.agent_timeout_s ({self.timeout_s:g} s)")
+        except Exception as err:  # noqa: BLE001 - a broken program fails its episode, never the run
+            return Outcome(failure=f"the program raised {type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                           if str(err) else f"the program raised {type(err).__name__}")  # fmt: skip
+
+    async def _call(self, task: Task, base_url: str, key: str) -> Outcome:
+        if inspect.iscoroutinefunction(self.agent):
+            return reported(await self.agent(task.to_dict(), base_url, key))
+        return reported(await asyncio.to_thread(self.agent, task.to_dict(), base_url, key))
+
+    async def _command(self, task: Task, base_url: str, session: Session, control_url: str) -> Outcome:
+        env = {**os.environ, **self.options.env, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": session.key,
+               "PONDER_TASK": json.dumps(task.to_dict()), "PONDER_MODEL": self.options.model,
+               "PONDER_REWARD_URL": f"{control_url}/v1/sessions/{session.id}/reward"}  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            *self.options.command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: a timeout ends everything it started
+        )
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), self.timeout_s)
+        except TimeoutError:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+            raise
+        if process.returncode != 0:
+            last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:300]
+            return Outcome(failure=f"the program exited with status {process.returncode}: {last}")
+        lines = out.decode(errors="replace").strip().splitlines()
+        try:
+            value = json.loads(lines[-1]) if lines else None
+        except ValueError:
+            value = None  # not a reward line: the reward endpoint (or the recipe) scores it
+        return reported(value if isinstance(value, (int, float, dict)) and not isinstance(value, bool) else None)
+
+
+class GatewayRollouts:
+    """The `Rollouts` of a program-driven recipe (see module docstring)."""
+
+    def __init__(self, backend: Any, options: GatewayOptions, group_size: int, sampling: Any,
+                 timeout_s: float, concurrency: int, max_staleness: int | None = None) -> None:  # fmt: skip
+        self.options, self.group_size = options, group_size
+        limits = SessionSampling(sampling.temperature, sampling.top_p, sampling.max_new_tokens_per_turn,
+                                 sampling.max_total_tokens)  # fmt: skip
+        self.sessions = Sessions(secrets.token_urlsafe(24), limits)
+        self.server = GatewayServer(backend, self.sessions, max_staleness, max_batch=max(1, concurrency))
+        self.runner = ProgramRunner(options, timeout_s)
+        self.concurrency = max(1, concurrency)
+        self.tokenizer = backend.tokenizer
+        self.backend = backend
+        self._last: dict[str, float] = {}
+        self._thread: ThreadPoolExecutor | None = None
+
+    def begin_step(self, step: int) -> None:
+        self.sessions.version = step  # calls from now on are served by this step's weights
+
+    def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
+        """Every task group_size times, at most `concurrency` episodes at once; the
+        trajectories in task order (a session that rewrote its history gives several)."""
+        start = time.perf_counter()
+        episodes = asyncio.run(self._episodes([t for t in tasks for _ in range(self.group_size)]))
+        trajectories = [t for session_trajectories in episodes for t in session_trajectories]
+        wall = time.perf_counter() - start
+        tokens = sum(sum(t.loss_mask) for t in trajectories)
+        failed = sum(t.metrics.get("gateway/failed", 0.0) for t in trajectories)
+        self._last = {"gateway/episodes": float(len(episodes)), "gateway/failed": failed,
+                      "gateway/segments": float(len(trajectories)),
+                      "gateway/drift": sum(t.metrics.get("gateway/drift", 0.0) for t in trajectories),
+                      "gateway/rewrites": sum(t.metrics.get("gateway/rewrites", 0.0) for t in trajectories),
+                      "gateway/episodes_per_s": len(episodes) / wall if wall > 0 else 0.0}  # fmt: skip
+        return [t for t in trajectories if t.response_ids], RolloutStats(len(episodes), tokens, wall, 0.0, wall)
+
+    def submit(self, tasks: list[Task]) -> Future:
+        if not hasattr(self.backend, "snapshot"):
+            raise ValueError("train.async_rollouts through the gateway needs the hf or vllm backend")
+        self.backend.snapshot()
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="ponder-gateway-rollout")
+        return self._thread.submit(self.run, tasks)
+
+    def result(self, pending: Future) -> tuple[list[Trajectory], RolloutStats]:
+        return pending.result()
+
+    def step_metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+        self.server.close()
+
+    async def _episodes(self, tasks: list[Task]) -> list[list[Trajectory]]:
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(task: Task) -> list[Trajectory]:
+            async with gate:
+                session = self.sessions.open(task.id)
+                base_url = f"{self.server.url}/sessions/{session.id}/v1"
+                outcome = await self.runner.run(task, base_url, session, self.server.url)
+                return episode_trajectories(self.sessions.collect(session.id), outcome, self.tokenizer)
+
+        return await asyncio.gather(*[one(task) for task in tasks])
+
+
+def episode_trajectories(session: Session, outcome: Outcome, tokenizer: Any) -> list[Trajectory]:
+    """A finished session as trajectories: the program's reward (returned, else posted)
+    on each, its failure (reward 0) on the last turn, the session's counts on the first."""
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    trajectories = session.trajectories(decode) or [Trajectory(task_id=session.task_id, prompt_ids=[],
+                                                               group_id=session.task_id)]  # fmt: skip
+    reward = outcome.reward if outcome.reward is not None else session.reward
+    if outcome.failure is not None:
+        reward = 0.0
+        last = trajectories[-1]
+        if not last.turns:
+            last.turns.append(Turn(0, ""))
+        last.turns[-1].error = outcome.failure
+        last.stop_reason = "program_error"
+    for trajectory in trajectories:
+        finalise(trajectory)
+        if reward is not None:
+            trajectory.metrics[PROGRAM_REWARD] = float(reward)
+        trajectory.metrics["gateway/failed"] = 0.0
+    first = trajectories[0]
+    first.metrics.update({"gateway/failed": float(outcome.failure is not None), "gateway/drift": float(session.drift),
+                          "gateway/rewrites": float(session.rewrites), "gateway/calls": float(len(session.calls))})
+    return trajectories
