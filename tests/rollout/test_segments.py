@@ -83,3 +83,21 @@ def test_no_splice_when_the_history_was_edited(tokenizer) -> None:
     last = Call("c0", encode_chat(tokenizer, first), [min(eos)], [0.0])
     edited = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "x"}]
     assert spliced_prompt(tokenizer, eos, last, first, edited) is None
+
+
+def test_a_later_call_still_splices_after_an_earlier_reply_drifted(tokenizer) -> None:
+    eos = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    end = min(eos)
+    spelt = [tokenizer.convert_tokens_to_ids(c) for c in "red"]  # the reply "red", spelt letter by letter
+    turns = [{"role": "user", "content": "Name a colour."}]
+    first = Call("c0", encode_chat(tokenizer, turns), spelt + [end], [0.0] * 4)
+    second_turns = turns + [{"role": "assistant", "content": "red"}, {"role": "user", "content": "Another."}]
+    second_ids, drift = spliced_prompt(tokenizer, eos, first, turns, second_turns)
+    blue = tokenizer.encode("blue", add_special_tokens=False) + [end]
+    second = Call("c1", second_ids, blue, [0.0] * len(blue))
+    third_turns = second_turns + [{"role": "assistant", "content": "blue"}, {"role": "user", "content": "Thanks."}]
+    third_ids, drift_again = spliced_prompt(tokenizer, eos, second, second_turns, third_turns)
+    assert drift and not drift_again
+    assert third_ids[: len(second_ids) + len(blue)] == second_ids + blue  # still on the recorded ids
+    assert [[c.id for c in run] for run in segments([first, second, Call("c2", third_ids, [end], [0.0])])] == [
+        ["c0", "c1", "c2"]]

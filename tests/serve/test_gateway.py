@@ -8,16 +8,21 @@ import asyncio
 import json
 import random
 import sys
+from typing import Literal
 
 import httpx
 import openai
 import pytest
 import torch
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
 
-from ponder.config import SamplingConfig
-from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions
+from ponder.config import RolloutConfig, SamplingConfig
+from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions, ProgramDriven
 from ponder.models.loading import load_policy
 from ponder.models.logprobs import token_logprobs
+from ponder.rollout.engine import build_engine
 from ponder.rollout.hf import HFBackend
 from ponder.serve.gateway import GatewayRollouts, GatewayServer, reported
 from ponder.serve.sessions import Sessions, SessionSampling
@@ -148,9 +153,14 @@ async def silent(task, base_url, api_key):
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
 
 
-def rollouts(policy, options: GatewayOptions, timeout_s: float = 30.0) -> GatewayRollouts:
-    backend = HFBackend(policy, SamplingConfig(temperature=1.0, max_new_tokens_per_turn=8), seed=0)
-    return GatewayRollouts(backend, options, 2, backend.sampling, timeout_s, 4)
+def rollouts(policy, options: GatewayOptions, timeout_s: float = 30.0, tokens: int = 8):
+    """The engine build_engine gives for a program-driven factory."""
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens_per_turn=tokens, max_total_tokens=4000)
+    backend = HFBackend(policy, sampling, seed=0)
+    config = RolloutConfig(batch_size=4, group_size=2, sampling=backend.sampling)
+    engine = build_engine(backend, ProgramDriven(options, timeout_s), config)
+    assert isinstance(engine, GatewayRollouts)
+    return engine
 
 
 TASKS = [Task("a", "What is 1+1?", ["2"]), Task("b", "What is 2+2?", ["4"])]
@@ -158,10 +168,7 @@ TASKS = [Task("a", "What is 1+1?", ["2"]), Task("b", "What is 2+2?", ["4"])]
 
 def test_program_episodes_become_groups_with_the_programs_reward(policy) -> None:
     gateway = rollouts(policy, GatewayOptions(agent=f"{__name__}:answering", tasks="unused.jsonl"))
-    try:
-        trajectories, stats = gateway.run(TASKS)
-    finally:
-        gateway.close()
+    trajectories, stats = gateway.run(TASKS)
     assert [t.task_id for t in trajectories] == ["a", "a", "b", "b"] and stats.episodes == 4
     assert [t.metrics[PROGRAM_REWARD] for t in trajectories] == [1.0, 1.0, 0.0, 0.0]
     assert all(sum(t.loss_mask) == len(t.response_ids) > 0 for t in trajectories)
@@ -174,11 +181,8 @@ def test_program_episodes_become_groups_with_the_programs_reward(policy) -> None
 ])  # fmt: skip
 def test_a_failing_program_fails_its_episode_and_the_run_goes_on(policy, program, reason) -> None:
     gateway = rollouts(policy, GatewayOptions(agent=f"{__name__}:{program}", tasks="unused.jsonl"), timeout_s=1)
-    try:
-        trajectories, _ = gateway.run(TASKS[:1])
-        metrics = gateway.step_metrics()
-    finally:
-        gateway.close()
+    trajectories, _ = gateway.run(TASKS[:1])
+    metrics = gateway.step_metrics()
     assert metrics["gateway/failed"] == 2.0
     if program == "raising":  # it called the model first: trained on, with reward 0 and the reason
         assert [t.metrics[PROGRAM_REWARD] for t in trajectories] == [0.0, 0.0]
@@ -189,10 +193,7 @@ def test_a_failing_program_fails_its_episode_and_the_run_goes_on(policy, program
 
 def test_a_program_that_reports_nothing_leaves_the_reward_unset(policy) -> None:
     gateway = rollouts(policy, GatewayOptions(agent=f"{__name__}:silent", tasks="unused.jsonl"))
-    try:
-        trajectories, _ = gateway.run(TASKS[:1])
-    finally:
-        gateway.close()
+    trajectories, _ = gateway.run(TASKS[:1])
     assert len(trajectories) == 2 and all(PROGRAM_REWARD not in t.metrics for t in trajectories)
 
 
@@ -212,11 +213,8 @@ def test_a_command_program_runs_per_episode_and_reports_on_its_last_line(policy,
     script = tmp_path / "agent.py"
     script.write_text(COMMAND)
     gateway = rollouts(policy, GatewayOptions(command=[sys.executable, str(script)], tasks="unused.jsonl"))
-    try:
-        trajectories, _ = gateway.run(TASKS)
-        metrics = gateway.step_metrics()
-    finally:
-        gateway.close()
+    trajectories, _ = gateway.run(TASKS)
+    metrics = gateway.step_metrics()
     by_task = {t.task_id: t for t in trajectories}
     assert by_task["a"].metrics[PROGRAM_REWARD] == 1.0
     assert by_task["b"].metrics[PROGRAM_REWARD] == 0.0
@@ -243,7 +241,7 @@ def test_one_rl_step_from_the_example_program(tmp_path, agent) -> None:
         "rollout.sampling.max_new_tokens_per_turn=8", "env.options.tasks_from.options.n_train=8",
         "env.options.tasks_from.options.n_eval=4", "lora.r=2", "lora.alpha=4", f"env.options.agent={agent}"])  # fmt: skip
     trainer = rl_trainer(recipe, tmp_path)
-    assert type(trainer.rollouts).__name__ == "GatewayRollouts"
+    assert isinstance(trainer.engine, GatewayRollouts)
     before = [p.detach().clone() for p in trainer.policy.model.parameters() if p.requires_grad]
     try:
         metrics = trainer.train_step()
@@ -256,3 +254,33 @@ def test_one_rl_step_from_the_example_program(tmp_path, agent) -> None:
         assert moved and abs(metrics["policy/ratio_mean"] - 1.0) < 1e-4  # recorded logprobs = the trainer's
     else:
         assert metrics["reward/mean"] == 0.0 and not moved  # tied groups: no signal, no step
+
+
+@tool
+def weather(city: Literal["Paris", "Oslo"]) -> str:
+    """Today's weather in a city."""
+    return f"sunny in {city}"
+
+
+async def langchain_forced(task, base_url, api_key):
+    """A LangChain agent whose every turn is a strict, forced call (constrained decoding
+    makes even the tiny model write valid ones, bounded by the enum), three turns."""
+    model = ChatOpenAI(model="policy", base_url=base_url, api_key=api_key, max_retries=0)
+    agent = model.bind_tools([weather], tool_choice="weather", strict=True, parallel_tool_calls=False)
+    messages = [HumanMessage(task["question"])]
+    for _ in range(3):
+        reply = await agent.ainvoke(messages)
+        messages.append(reply)
+        messages += [ToolMessage(weather.invoke(call["args"]), tool_call_id=call["id"]) for call in reply.tool_calls]
+    return 1.0
+
+
+def test_a_langchain_agents_tool_turns_are_one_trajectory(policy) -> None:
+    gateway = rollouts(policy, GatewayOptions(agent=f"{__name__}:langchain_forced", tasks="unused.jsonl"), tokens=200)
+    trajectories, _ = gateway.run(TASKS[:1])
+    metrics = gateway.step_metrics()
+    assert metrics["gateway/failed"] == 0.0 and metrics["gateway/rewrites"] == 0.0
+    assert metrics["gateway/segments"] == 2.0  # one per episode: the reply was read back, not re-encoded
+    for trajectory in trajectories:
+        assert len(trajectory.turns) == 3 and "sunny in" in trajectory.turns[0].observation  # the tool's answer
+        assert 0 in trajectory.loss_mask and trajectory.loss_mask[0] == 1

@@ -4,7 +4,8 @@ The program is not stepped by the rollout engine: it runs once per episode, talk
 the policy through an OpenAI `base_url` of the training gateway (ponder.serve.gateway),
 and every model call it makes is recorded token-exactly (ponder.rollout.segments).
 This module holds only what the recipe says about the program, its tasks and its
-reward; the job that trains it starts the gateway (ponder.jobs.parts).
+reward; the rollout engine's builder hands its episodes to the gateway's driver
+(`ProgramDriven.driver`), for training, validation and evaluation alike.
 
     env:
       kind: gateway
@@ -80,10 +81,18 @@ def program_reward(trajectory: Trajectory, task: Task) -> float | None:
 
 
 class ProgramDriven:
-    """The factory of a program-driven environment: there is no step() to call."""
+    """The factory of a program-driven environment: there is no step() to call; its
+    `driver` (ponder.rollout.engine.build_engine) runs the program through the gateway.
 
-    def __init__(self, options: GatewayOptions) -> None:
+    timeout_s: train.agent_timeout_s. max_staleness: algo.max_staleness under
+    train.async_rollouts (calls of sessions further behind get 429), else None."""
+
+    driver = "ponder.serve.gateway:GatewayRollouts"
+
+    def __init__(self, options: GatewayOptions, timeout_s: float = 300.0, max_staleness: int | None = None) -> None:
         self.options = options
+        self.timeout_s = timeout_s
+        self.max_staleness = max_staleness
 
     def __call__(self) -> Any:
         raise RuntimeError("env.kind gateway: episodes are driven by the agent program through the gateway "
@@ -106,4 +115,8 @@ def build_gateway(ctx: EnvContext) -> EnvSpec:
     else:
         train = load_tasks_from(options.tasks)
         evaluation = load_tasks_from(options.eval_tasks) if options.eval_tasks else []
-    return EnvSpec(ProgramDriven(options), train, evaluation, {"program": program_reward}, {"program": 1.0})
+    recipe = ctx.recipe
+    timeout_s = recipe.train.agent_timeout_s if recipe is not None else 300.0
+    staleness = recipe.algo.max_staleness if recipe is not None and recipe.train.async_rollouts else None
+    factory = ProgramDriven(options, timeout_s, staleness)
+    return EnvSpec(factory, train, evaluation, {"program": program_reward}, {"program": 1.0})

@@ -23,7 +23,7 @@ from typing import Any
 from ponder.config import Recipe
 from ponder.envs.base import EnvSpec
 from ponder.rewards import score_trajectories
-from ponder.rollout import RolloutEngine
+from ponder.rollout import build_engine
 from ponder.types import Task, Trajectory
 from ponder.rollout.build import build_backend
 from ponder.wiring import build_env, build_reward
@@ -92,7 +92,7 @@ def _refine(spec: EnvSpec, recipe: Recipe, policy: Any, rounds: int, critic: Cal
 
     def attempt(batch: list[Task]) -> dict[str, Trajectory]:
         backend = build_backend(policy, recipe, sampling, seed=recipe.rollout.seed)
-        trajectories, _ = RolloutEngine(backend, spec.factory, replace(rollout, sampling=sampling)).run(batch)
+        trajectories, _ = build_engine(backend, spec.factory, replace(rollout, sampling=sampling)).run(batch)
         score_trajectories(trajectories, by_id, reward)
         return {t.task_id: t for t in trajectories}
 

@@ -13,7 +13,7 @@ from ponder.eval.metrics import summarise
 from ponder.fileio import write_json_atomic
 from ponder.models import Policy, load_policy
 from ponder.rewards import score_trajectories
-from ponder.rollout import GenerationBackend, RolloutEngine, RolloutStats, ScriptedBackend
+from ponder.rollout import GenerationBackend, RolloutStats, ScriptedBackend, build_engine
 from ponder.types import Task, Trajectory, save_trajectories
 from ponder.rollout.build import build_backend
 from ponder.wiring import build_env, build_reward
@@ -86,7 +86,7 @@ def _evaluate_on(
     if oracle:  # the ceiling is the solver's, not cut by the policy's sampling caps (as SFT replays it)
         rollout = replace(rollout, sampling=replace(rollout.sampling, max_new_tokens_per_turn=1 << 16,
                                                     max_total_tokens=1 << 20))  # fmt: skip
-    engine = RolloutEngine(backend, factory, rollout)
+    engine = build_engine(backend, factory, rollout)
     if on_ready is not None:
         on_ready(len(tasks) * recipe.rollout.group_size)
     trajectories, stats = engine.run(tasks, on_episode_done)

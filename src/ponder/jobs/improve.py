@@ -33,7 +33,7 @@ from ponder.models.prepare import prepare_policy
 from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import action_text, answer_guessing
 from ponder.rewards.math import predicted_answer
-from ponder.rollout import RolloutEngine, ScriptedBackend
+from ponder.rollout import RolloutEngine, ScriptedBackend, build_engine
 from ponder.rollout.build import build_backend
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.runlog.plot import plot_rounds
@@ -133,7 +133,7 @@ def sample(policy: Policy, tasks: list[Task], recipe: Recipe, spec: Any, reward:
     rollout = replace(recipe.rollout, group_size=k)
     backend = build_backend(policy, recipe, seed=seed)
     with item_progress(label, len(tasks) * k) as advance:
-        trajectories, _ = RolloutEngine(backend, spec.factory, rollout).run(tasks, advance)
+        trajectories, _ = build_engine(backend, spec.factory, rollout).run(tasks, advance)
     score_trajectories(trajectories, {t.id: t for t in tasks}, reward)
     release_memory()
     return trajectories

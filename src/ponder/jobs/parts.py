@@ -7,14 +7,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from ponder.config import Recipe
-from ponder.envs.gateway import GatewayOptions, ProgramDriven
-from ponder.extras import require
 from ponder.models import Policy
 from ponder.models.prepare import prepare_policy
 from ponder.rollout.build import build_backend
@@ -41,23 +38,7 @@ def rl_trainer(
     demonstrations = recipe_demonstrations(recipe, policy) if recipe.algo.sft_coef > 0 else []
     trainer = trainer_class(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)
     trainer.use_demonstrations(demonstrations)
-    if isinstance(spec.factory, ProgramDriven):  # an agent program's episodes, through the gateway
-        trainer.use_rollouts(gateway_rollouts(recipe, spec.factory.options, backend))
     return trainer
-
-
-def gateway_rollouts(recipe: Recipe, options: GatewayOptions, backend: Any, sampling: Any = None,
-                     group_size: int | None = None) -> Any:  # fmt: skip
-    """The gateway serving `backend` to the recipe's agent program (env.kind gateway):
-    a GatewayRollouts (ponder.serve.gateway, which needs ponder[serve])."""
-    require("fastapi", "serve", "env.kind gateway")
-    from ponder.serve.gateway import GatewayRollouts
-
-    rollout = recipe.rollout
-    return GatewayRollouts(backend, options, rollout.group_size if group_size is None else group_size,
-                           sampling or rollout.sampling, recipe.train.agent_timeout_s,
-                           options.concurrency or rollout.batch_size,
-                           recipe.algo.max_staleness if recipe.train.async_rollouts else None)  # fmt: skip
 
 
 def seed_everything(seed: int) -> None:

@@ -371,13 +371,13 @@ def _preference_rows(ctx: Context, policy: Policy) -> tuple[list[PreferencePair]
     if recipe.data.preference_path:
         rows, load = load_preferences(recipe.data.preference_path, recipe.data.max_examples)
         return rows, {"source": recipe.data.preference_path, "load": load.to_dict(), "pairs": len(rows)}
-    from ponder.rollout import HFBackend, RolloutEngine
+    from ponder.rollout import HFBackend, RolloutEngine, build_engine
 
     rollout = with_group_size(recipe.rollout, recipe.dpo.samples_per_prompt, recipe.dpo.temperature)
 
     def engine_for(samples: int) -> RolloutEngine:
         backend = HFBackend(policy, rollout.sampling, seed=recipe.train.seed)
-        return RolloutEngine(backend, ctx.factory(policy), replace(rollout, group_size=samples))
+        return build_engine(backend, ctx.factory(policy), replace(rollout, group_size=samples))
 
     tasks = _train_tasks(ctx, policy, recipe.dpo.prompts, recipe.train.seed + 2)
     sampled, report = sample_preferences(policy, tasks, engine_for, ctx.agent_reward(), recipe.dpo)

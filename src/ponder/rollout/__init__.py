@@ -1,7 +1,7 @@
 """Batched multi-turn rollouts and generation backends."""
 
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest, sample_tokens
-from ponder.rollout.engine import Env, RolloutEngine, RolloutStats
+from ponder.rollout.engine import Env, RolloutEngine, RolloutStats, build_engine
 from ponder.rollout.hf import HFBackend
 from ponder.rollout.scripted import ScriptedBackend
 
@@ -12,6 +12,7 @@ __all__ = [
     "GenerationRequest",
     "HFBackend",
     "RolloutEngine",
+    "build_engine",
     "RolloutStats",
     "ScriptedBackend",
     "sample_tokens",

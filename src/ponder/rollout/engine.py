@@ -14,11 +14,12 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ponder.config import RolloutConfig
 from ponder.envs.base import Env, close_env, opening_of
 from ponder.models.chat import encode_chat
+from ponder.plugins import import_object
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest
 from ponder.rollout.constrain import action_constraint
 from ponder.types import Task, Trajectory, Turn
@@ -166,6 +167,16 @@ class RolloutEngine:
         _extend(episode, observation_ids, [0.0] * len(observation_ids), policy_generated=False)
         turn.n_observation_tokens = len(observation_ids)
         return False
+
+
+def build_engine(backend: GenerationBackend, env_factory: Callable[[], Env], config: RolloutConfig) -> Any:
+    """What rolls out episodes of `env_factory`: this engine, or the driver the factory
+    names (`factory.driver`, an import path of a class built like RolloutEngine, with the
+    same `run`): an agent program's episodes run through the gateway so."""
+    driver = getattr(env_factory, "driver", None)
+    if driver is None:
+        return RolloutEngine(backend, env_factory, config)
+    return import_object(driver, "environment driver")(backend, env_factory, config)
 
 
 def _extend(episode: _Episode, token_ids: list[int], logprobs: list[float], policy_generated: bool) -> None:

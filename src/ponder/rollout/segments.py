@@ -61,11 +61,14 @@ def spliced_prompt(
     known = len(last_messages)
     if len(messages) <= known or messages[:known] != last_messages or messages[known].get("role") != "assistant":
         return None
+    # the template's own ids for the last prompt, the reply and the rest: compared with each
+    # other, never with the recorded ids (earlier replies in those may already differ: drift)
+    asked = encode_chat(tokenizer, last_messages)
     head = encode_chat(tokenizer, messages[: known + 1], add_generation_prompt=False)
     full = encode_chat(tokenizer, messages)
-    if head[: len(last.prompt_ids)] != last.prompt_ids or full[: len(head)] != head:
+    if head[: len(asked)] != asked or full[: len(head)] != head:
         return None
-    reply = head[len(last.prompt_ids) :]  # the reply as the template writes it, its end of turn, a separator
+    reply = head[len(asked) :]  # the reply as the template writes it, its end of turn, a separator
     end = next((i for i, token in enumerate(reply) if token in eos_ids), None)
     if end is None:
         return None

@@ -25,13 +25,14 @@ import secrets
 import signal
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
-from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions
+from ponder.config import RolloutConfig
+from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions, ProgramDriven
 from ponder.plugins import import_object
 from ponder.rollout.engine import RolloutStats, finalise
 from ponder.serve.batcher import Batcher
@@ -169,69 +170,65 @@ class ProgramRunner:
 
 
 class GatewayRollouts:
-    """The `Rollouts` of a program-driven recipe (see module docstring)."""
+    """The rollout engine of a program-driven recipe (see module docstring), built by
+    ponder.rollout.engine.build_engine from a `ProgramDriven` factory: `run(tasks)` runs
+    every task rollout.group_size times, at most env.options.concurrency (else
+    rollout.batch_size) episodes at once, on a gateway started for the run."""
 
-    def __init__(self, backend: Any, options: GatewayOptions, group_size: int, sampling: Any,
-                 timeout_s: float, concurrency: int, max_staleness: int | None = None) -> None:  # fmt: skip
-        self.options, self.group_size = options, group_size
+    constraint = None  # rollout.constrain is the program's business (its tool_choice, response_format)
+
+    def __init__(self, backend: Any, factory: ProgramDriven, config: RolloutConfig) -> None:
+        self.backend, self.config, self.options = backend, config, factory.options
+        sampling = config.sampling
         limits = SessionSampling(sampling.temperature, sampling.top_p, sampling.max_new_tokens_per_turn,
                                  sampling.max_total_tokens)  # fmt: skip
         self.sessions = Sessions(secrets.token_urlsafe(24), limits)
-        self.server = GatewayServer(backend, self.sessions, max_staleness, max_batch=max(1, concurrency))
-        self.runner = ProgramRunner(options, timeout_s)
-        self.concurrency = max(1, concurrency)
-        self.tokenizer = backend.tokenizer
-        self.backend = backend
+        self.max_staleness = factory.max_staleness
+        self.runner = ProgramRunner(factory.options, factory.timeout_s)
+        self.concurrency = max(1, factory.options.concurrency or config.batch_size)
         self._last: dict[str, float] = {}
-        self._thread: ThreadPoolExecutor | None = None
 
     def begin_step(self, step: int) -> None:
         self.sessions.version = step  # calls from now on are served by this step's weights
 
-    def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
-        """Every task group_size times, at most `concurrency` episodes at once; the
-        trajectories in task order (a session that rewrote its history gives several)."""
+    def run(self, tasks: list[Task], on_episode_done: Callable[[Trajectory], None] | None = None
+            ) -> tuple[list[Trajectory], RolloutStats]:  # fmt: skip
+        """Trajectories in task order (a session that rewrote its history gives several;
+        one that made no call, none)."""
         start = time.perf_counter()
-        episodes = asyncio.run(self._episodes([t for t in tasks for _ in range(self.group_size)]))
+        server = GatewayServer(self.backend, self.sessions, self.max_staleness, max_batch=self.concurrency)
+        try:
+            episodes = asyncio.run(self._episodes(server, [t for t in tasks for _ in range(self.config.group_size)],
+                                                  on_episode_done))  # fmt: skip
+        finally:
+            server.close()
         trajectories = [t for session_trajectories in episodes for t in session_trajectories]
         wall = time.perf_counter() - start
-        tokens = sum(sum(t.loss_mask) for t in trajectories)
-        failed = sum(t.metrics.get("gateway/failed", 0.0) for t in trajectories)
-        self._last = {"gateway/episodes": float(len(episodes)), "gateway/failed": failed,
-                      "gateway/segments": float(len(trajectories)),
-                      "gateway/drift": sum(t.metrics.get("gateway/drift", 0.0) for t in trajectories),
-                      "gateway/rewrites": sum(t.metrics.get("gateway/rewrites", 0.0) for t in trajectories),
+        counted = lambda name: sum(t.metrics.get(name, 0.0) for t in trajectories)  # noqa: E731
+        self._last = {"gateway/episodes": float(len(episodes)), "gateway/failed": counted("gateway/failed"),
+                      "gateway/segments": float(sum(bool(t.response_ids) for t in trajectories)),
+                      "gateway/drift": counted("gateway/drift"), "gateway/rewrites": counted("gateway/rewrites"),
                       "gateway/episodes_per_s": len(episodes) / wall if wall > 0 else 0.0}  # fmt: skip
-        return [t for t in trajectories if t.response_ids], RolloutStats(len(episodes), tokens, wall, 0.0, wall)
-
-    def submit(self, tasks: list[Task]) -> Future:
-        if not hasattr(self.backend, "snapshot"):
-            raise ValueError("train.async_rollouts through the gateway needs the hf or vllm backend")
-        self.backend.snapshot()
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="ponder-gateway-rollout")
-        return self._thread.submit(self.run, tasks)
-
-    def result(self, pending: Future) -> tuple[list[Trajectory], RolloutStats]:
-        return pending.result()
+        kept = [t for t in trajectories if t.response_ids]
+        return kept, RolloutStats(len(episodes), sum(sum(t.loss_mask) for t in kept), wall, 0.0, wall)
 
     def step_metrics(self) -> dict[str, float]:
+        """The last run's counts: episodes, failed, segments, drift, rewrites, episodes/s."""
         return dict(self._last)
 
-    def close(self) -> None:
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-        self.server.close()
-
-    async def _episodes(self, tasks: list[Task]) -> list[list[Trajectory]]:
+    async def _episodes(self, server: GatewayServer, tasks: list[Task],
+                        on_episode_done: Callable[[Trajectory], None] | None) -> list[list[Trajectory]]:  # fmt: skip
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(task: Task) -> list[Trajectory]:
             async with gate:
                 session = self.sessions.open(task.id)
-                base_url = f"{self.server.url}/sessions/{session.id}/v1"
-                outcome = await self.runner.run(task, base_url, session, self.server.url)
-                return episode_trajectories(self.sessions.collect(session.id), outcome, self.tokenizer)
+                base_url = f"{server.url}/sessions/{session.id}/v1"
+                outcome = await self.runner.run(task, base_url, session, server.url)
+                done = episode_trajectories(self.sessions.collect(session.id), outcome, self.backend.tokenizer)
+                if on_episode_done is not None:
+                    on_episode_done(done[0])
+                return done
 
         return await asyncio.gather(*[one(task) for task in tasks])
 

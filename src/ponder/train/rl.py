@@ -47,7 +47,7 @@ from ponder.models.memory import peak_rss_gb, release_memory
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import HackingMonitor
-from ponder.rollout import RolloutEngine, RolloutStats
+from ponder.rollout import RolloutEngine, RolloutStats, build_engine
 from ponder.rollout.constrain import constraint_masks
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.runlog.tracking import check_trackers
@@ -107,7 +107,10 @@ class LocalRollouts:
         self._thread: ThreadPoolExecutor | None = None
 
     def begin_step(self, step: int) -> None:
-        pass  # the backend samples from the policy itself (refreshed after each update)
+        # the backend samples from the policy itself (refreshed after each update); an
+        # engine that labels its samples with the weights version (the gateway) is told
+        if hasattr(self.engine, "begin_step"):
+            self.engine.begin_step(step)
 
     def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
         return self.engine.run(tasks)
@@ -127,7 +130,10 @@ class LocalRollouts:
         return pending.result()
 
     def step_metrics(self) -> dict[str, float]:
-        return {}
+        return self.engine.step_metrics() if hasattr(self.engine, "step_metrics") else {}
+
+    def close(self) -> None:
+        close_env(self.engine)
 
 
 class RLTrainer:
@@ -157,7 +163,7 @@ class RLTrainer:
         self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
         self.best = BestSoFar(cfg.patience)
         self.demonstrations: list[Trajectory] = []  # algo.sft_coef's anchor (use_demonstrations)
-        self.engine = RolloutEngine(backend, env_factory, recipe.rollout)
+        self.engine = build_engine(backend, env_factory, recipe.rollout)
         # rollout.constrain: the masks actions were sampled under, applied again by every pass
         self.masks_for = constraint_masks(self.engine.constraint, policy, getattr(backend, "eos_ids", None))
         self.rollouts: Rollouts = LocalRollouts(self.engine)

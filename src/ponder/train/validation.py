@@ -20,7 +20,7 @@ from typing import Any, Callable
 from ponder.config import Recipe
 from ponder.models import Policy
 from ponder.rewards import score_trajectories
-from ponder.rollout import RolloutEngine
+from ponder.rollout import build_engine
 from ponder.train.sampler import round_robin
 from ponder.types import Task
 
@@ -92,7 +92,7 @@ def validate(
     batch = recipe.eval.batch_size or recipe.rollout.batch_size
     rollout = replace(recipe.rollout, sampling=sampling, group_size=1, batch_size=batch)
     backend = build_backend(policy, recipe, sampling, seed=recipe.rollout.seed)
-    trajectories, _ = RolloutEngine(backend, env_factory, rollout).run(tasks)
+    trajectories, _ = build_engine(backend, env_factory, rollout).run(tasks)
     tasks_by_id = {task.id: task for task in tasks}
     score_trajectories(trajectories, tasks_by_id, reward)
     summary = summarise(trajectories, tasks_by_id)

@@ -34,7 +34,7 @@ from ponder.envs.base import close_env
 from ponder.extras import require
 from ponder.models import Policy
 from ponder.models.adapters import load_trainable_state, trainable_state
-from ponder.rollout import RolloutEngine, RolloutStats
+from ponder.rollout import RolloutEngine, RolloutStats, build_engine
 from ponder.types import Task, Trajectory
 
 # A share re-queued this many times in one rollout call means the workers die for a
@@ -75,7 +75,7 @@ class RolloutWorker:
         self.envs = EnvPoolClient(env_pool, start=index) if env_pool is not None else None
         factory = self.envs.factory if self.envs is not None else build_env(recipe, self.policy.tokenizer).factory
         self.backend = build_backend(self.policy, recipe)
-        self.engine = RolloutEngine(self.backend, factory, recipe.rollout)
+        self.engine = build_engine(self.backend, factory, recipe.rollout)
         self.version = -1
 
     def pid(self) -> int:
