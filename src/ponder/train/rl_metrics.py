@@ -10,9 +10,23 @@ from ponder.rewards.hacking import HackingMonitor, hacking_metrics
 from ponder.types import Task, Trajectory
 
 
+# the rollout engine's own per-episode counts (rollout.engine.finalise) logged each step;
+# its others (tool_calls, tool_errors, prompt_tokens, tool_calls/<name>) stay in the trajectories
+ENGINE_COUNTS = ("turns", "generated_tokens", "response_tokens", "parse_errors", "answered")
+_UNLOGGED = ("tool_calls", "tool_errors", "prompt_tokens")
+
+
+def env_counts(trajectories: list[Trajectory]) -> list[str]:
+    """The environment's own per-episode counts (its info["metrics"], e.g. search-QA's
+    `searches`): every plain name the trajectories carry beyond the engine's."""
+    names = {name for t in trajectories for name in t.metrics if "/" not in name}
+    return sorted(names - set(ENGINE_COUNTS) - set(_UNLOGGED))
+
+
 def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None = None) -> dict[str, float]:
-    """reward/* (mean, std, each breakdown component), episode/* counts, collapse/*,
-    and with `kinds` (task id → task kind) kind/<kind>/{reward,searches} per kind.
+    """reward/* (mean, std, each breakdown component), episode/* counts (the engine's and
+    the environment's own, missing = 0), collapse/*, and with `kinds` (task id → task
+    kind) kind/<kind>/reward and kind/<kind>/<the environment's counts> per kind.
 
     collapse/tied_groups: share of groups whose rewards all tie (they carry no
     group-relative signal). collapse/distinct_ratio: distinct responses per group
@@ -26,7 +40,8 @@ def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None
     }
     for name in sorted({k for t in trajectories for k in t.breakdown}):
         metrics[f"reward/{name}"] = mean([t.breakdown[name] for t in trajectories if name in t.breakdown])
-    for name in ("searches", "turns", "generated_tokens", "response_tokens", "parse_errors", "answered"):
+    own = env_counts(trajectories)
+    for name in (*own, *ENGINE_COUNTS):
         metrics[f"episode/{name}"] = mean([t.metrics.get(name, 0.0) for t in trajectories])
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in trajectories:
@@ -41,7 +56,8 @@ def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None
             by_kind[kinds[trajectory.task_id]].append(trajectory)
     for kind, group in sorted(by_kind.items()):
         metrics[f"kind/{kind}/reward"] = mean([t.reward for t in group if t.reward is not None])
-        metrics[f"kind/{kind}/searches"] = mean([t.metrics.get("searches", 0.0) for t in group])
+        for name in own:
+            metrics[f"kind/{kind}/{name}"] = mean([t.metrics.get(name, 0.0) for t in group])
     return metrics
 
 
