@@ -4,6 +4,7 @@ Python, nothing of ponder)."""
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
 
@@ -33,3 +34,12 @@ def score(text: str, answers: list[str]) -> dict[str, float]:
     """correct: the answer line is right (1 / 0); format: there is one number in it (0.1)."""
     found = re.findall(r"Answer:\s*(-?\d+(?:\.\d+)?)", text or "")
     return {"correct": float(bool(found) and found[-1] in answers), "format": 0.1 * float(len(found) == 1)}
+
+
+def demonstration(task: dict) -> list[str]:
+    """The reference solver's replies for a math task, in the example programs' format:
+    a calculator call with the solution's last expression (from the task's worked
+    solution), then the answer line."""
+    expressions = re.findall(r"<calculator>(.*?)</calculator>", " ".join(task.get("oracle_actions") or []))
+    call = {"name": "calculator", "arguments": {"expression": expressions[-1] if expressions else task["answers"][0]}}
+    return [f"<tool_call>{json.dumps(call)}</tool_call>", f"Answer: {task['answers'][0]}"]

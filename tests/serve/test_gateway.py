@@ -284,3 +284,22 @@ def test_a_langchain_agents_tool_turns_are_one_trajectory(policy) -> None:
     for trajectory in trajectories:
         assert len(trajectory.turns) == 3 and "sunny in" in trajectory.turns[0].observation  # the tool's answer
         assert 0 in trajectory.loss_mask and trajectory.loss_mask[0] == 1
+
+
+def test_the_warm_up_records_the_program_against_the_reference_solver(policy) -> None:
+    """sft demonstrations of a gateway recipe: the example program run against its
+    teacher (a scripted solver served as the model), each episode one trajectory."""
+    from ponder.config import load_recipe
+    from ponder.jobs.parts import recipe_demonstrations
+
+    recipe = load_recipe("recipes/gateway_math.yaml", ["model.name=tiny", "sft.examples=3",
+                                                       "env.options.tasks_from.options.n_train=8"])  # fmt: skip
+    demonstrations = recipe_demonstrations(recipe, policy)
+    assert len(demonstrations) == 3
+    for trajectory in demonstrations:
+        call, answer = (turn.action for turn in trajectory.turns)
+        assert call.startswith('<tool_call>{"name": "calculator"') and answer.startswith("Answer: ")
+        result = trajectory.turns[0].observation  # the program's own calculator, as the tool turn
+        assert answer.removeprefix("Answer: ") in result and trajectory.stop_reason == "done"
+        sampled = [i for i, m in enumerate(trajectory.loss_mask) if m]
+        assert trajectory.loss_mask[0] == 1 and 0 in trajectory.loss_mask and len(sampled) < len(trajectory.loss_mask)

@@ -26,11 +26,12 @@ its reason, and scores 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ponder.config.load import from_dict
 from ponder.envs.base import EnvContext, EnvSpec, load_tasks_from, register_env, resolve_env
+from ponder.plugins import import_object
 from ponder.types import Task, Trajectory
 
 PROGRAM_REWARD = "program_reward"  # the trajectory metric holding what the program reported
@@ -49,6 +50,12 @@ class GatewayOptions:
         generated problems).
     concurrency: how many episodes run at once (0: rollout.batch_size).
     model: the model name the program's client sends (`policy`).
+    env: more environment variables for a command.
+    teacher: a reference solver as `module:function`, task dict -> the assistant replies
+        a good episode of the program gets, in the program's own format (a call as
+        `<tool_call>{...}</tool_call>`): they become the tasks' oracle actions, so the
+        SFT warm-up (sft.steps) and `ponder eval --oracle` run the program against that
+        solver served as the model, and record its calls as demonstrations.
     """
 
     agent: str | None = None
@@ -59,6 +66,7 @@ class GatewayOptions:
     concurrency: int = 0
     model: str = "policy"
     env: dict[str, str] = field(default_factory=dict)
+    teacher: str | None = None
 
     def __post_init__(self) -> None:
         if (self.agent is None) == (self.command is None):
@@ -115,6 +123,10 @@ def build_gateway(ctx: EnvContext) -> EnvSpec:
     else:
         train = load_tasks_from(options.tasks)
         evaluation = load_tasks_from(options.eval_tasks) if options.eval_tasks else []
+    if options.teacher is not None:
+        solve = import_object(options.teacher, "env.options.teacher")
+        train, evaluation = ([replace(t, oracle_actions=list(solve(t.to_dict()))) for t in split]
+                             for split in (train, evaluation))  # fmt: skip
     recipe = ctx.recipe
     timeout_s = recipe.train.agent_timeout_s if recipe is not None else 300.0
     staleness = recipe.algo.max_staleness if recipe is not None and recipe.train.async_rollouts else None

@@ -190,7 +190,10 @@ async def chat_completion(server: ModelServer, request: ChatRequest,
     stops = stop_list(request.stop)
 
     def job(on_text: Callable[[str], None] | None = None) -> Job:
-        return Job(prompt_ids, budget, adapter, temperature, top_p, stops, on_text, plan.constraint)
+        job = Job(prompt_ids, budget, adapter, temperature, top_p, stops, on_text, plan.constraint)
+        if session is not None and request.n == 1:  # `task#session`: a scripted teacher's turns follow it
+            job.key = session.job_key()
+        return job
 
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex, "created": int(time.time()), "model": request.model}
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import uvicorn
 
-from ponder.config import RolloutConfig
+from ponder.config import RolloutConfig, SamplingConfig
 from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions, ProgramDriven
 from ponder.plugins import import_object
 from ponder.rollout.engine import RolloutStats, finalise
@@ -49,11 +49,13 @@ class LiveBackend:
     def __init__(self, backend: Any) -> None:
         self.inner = backend
         self.adapter: str | None = None
+        if not hasattr(backend, "sampling"):  # a scripted teacher samples nothing: the batcher still sets it
+            backend.sampling = SamplingConfig(temperature=0.0)
 
     tokenizer = property(lambda self: self.inner.tokenizer)
-    eos_ids = property(lambda self: self.inner.eos_ids)
     sampling = property(lambda self: self.inner.sampling, lambda self, value: setattr(self.inner, "sampling", value))
-    on_token = property(lambda self: self.inner.on_token, lambda self, value: setattr(self.inner, "on_token", value))
+    on_token = property(lambda self: getattr(self.inner, "on_token", None),
+                        lambda self, value: setattr(self.inner, "on_token", value))  # fmt: skip
 
     def resolve(self, name: str | None) -> str | None:
         return None
@@ -72,12 +74,13 @@ class GatewayServer:
         self.batcher = Batcher(LiveBackend(backend), 0.005, max_batch)
         self.batcher.start()
         tokenizer = backend.tokenizer
-        limit = int(getattr(backend.policy.model.config, "max_position_embeddings", 0) or 1 << 30)
+        model_config = backend.policy.model.config if hasattr(backend, "policy") else None  # none: a teacher
+        limit = int(getattr(model_config, "max_position_embeddings", 0) or 1 << 30)
         config = ServeConfig(model=POLICY_NAME, host=host, port=port, max_tokens_limit=limit,
                              max_body_bytes=8_000_000, max_batch_size=max_batch)  # fmt: skip
         self.model_server = ModelServer(config, self.batcher, tokenizer, limit, "hf")
-        self.model_server.eos_ids = set(backend.eos_ids)
-        self.model_server.vocab_size = backend.policy.model.config.vocab_size
+        self.model_server.eos_ids = set(getattr(backend, "eos_ids", {tokenizer.eos_token_id}))
+        self.model_server.vocab_size = getattr(model_config, "vocab_size", len(tokenizer))
         app = create_gateway_app(self.model_server, sessions, max_staleness)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="ponder-gateway", daemon=True)
@@ -247,6 +250,8 @@ def episode_trajectories(session: Session, outcome: Outcome, tokenizer: Any) -> 
             last.turns.append(Turn(0, ""))
         last.turns[-1].error = outcome.failure
         last.stop_reason = "program_error"
+    else:
+        trajectories[-1].stop_reason = "done"  # the program ended the episode itself
     for trajectory in trajectories:
         finalise(trajectory)
         if reward is not None:

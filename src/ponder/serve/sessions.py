@@ -101,6 +101,11 @@ class Session:
             self.rewrites += 1
         return encode_chat(tokenizer, messages)
 
+    def job_key(self) -> str:
+        """The generation key of this session's calls, `task_id#session_id`: a scripted
+        backend (a reference solver served as the model) serves turn k of task_id to call k."""
+        return f"{self.task_id}#{self.id}"
+
     def record(self, messages: list[dict[str, Any]], prompt_ids: list[int], result: Any, reply_text: str) -> Call:
         """Keep one generated reply (a serve/batcher JobResult; `reply_text` the text the
         program is sent) as a call."""

@@ -29,7 +29,7 @@ from ponder.models import Policy
 from ponder.models.cpu_threads import cpu_block
 from ponder.models.forward import forward_policy
 from ponder.models.memory import release_memory
-from ponder.rollout import RolloutEngine, ScriptedBackend
+from ponder.rollout import ScriptedBackend, build_engine
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import TokenBatch, collate
 from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
@@ -88,7 +88,7 @@ def build_demonstrations(
     # generate, not what it should learn; a cut action would teach a broken protocol.
     sampling = replace(recipe.rollout.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
     rollout = replace(recipe.rollout, group_size=1, batch_size=max(1, len(tasks)), sampling=sampling)
-    trajectories, _ = RolloutEngine(ScriptedBackend(policy.tokenizer, scripts), factory, rollout).run(tasks)
+    trajectories, _ = build_engine(ScriptedBackend(policy.tokenizer, scripts), factory, rollout).run(tasks)
     return [t for t in trajectories if _completed(t)]
 
 
