@@ -230,7 +230,8 @@ async def example_with_noise(task, base_url, api_key):
     return {**await run(task, base_url, api_key), "noise": random.random()}
 
 
-@pytest.mark.parametrize("agent", ["examples.agents.openai_loop:run", f"{__name__}:example_with_noise"])
+@pytest.mark.parametrize("agent", ["examples.agents.openai_loop:run", "examples.agents.langchain_agent:run",
+                                   "command", f"{__name__}:example_with_noise"])  # fmt: skip
 def test_one_rl_step_from_the_example_program(tmp_path, agent) -> None:
     """The shipped OpenAI-SDK example trains through the gateway: one GRPO step on the tiny model."""
     from ponder.config import load_recipe
@@ -239,7 +240,9 @@ def test_one_rl_step_from_the_example_program(tmp_path, agent) -> None:
     recipe = load_recipe("recipes/gateway_math.yaml", [
         "model.name=tiny", "train.steps=1", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
         "rollout.sampling.max_new_tokens_per_turn=8", "env.options.tasks_from.options.n_train=8",
-        "env.options.tasks_from.options.n_eval=4", "lora.r=2", "lora.alpha=4", f"env.options.agent={agent}"])  # fmt: skip
+        "env.options.tasks_from.options.n_eval=4", "lora.r=2", "lora.alpha=4", "sft.steps=0",
+        *([f"env.options.agent={agent}"] if agent != "command" else
+          ["env.options.agent=null", f"env.options.command=[{sys.executable}, examples/agents/openai_command.py]"])])
     trainer = rl_trainer(recipe, tmp_path)
     assert isinstance(trainer.engine, GatewayRollouts)
     before = [p.detach().clone() for p in trainer.policy.model.parameters() if p.requires_grad]
