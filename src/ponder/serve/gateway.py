@@ -176,7 +176,7 @@ class GatewayRollouts:
     """The rollout engine of a program-driven recipe (see module docstring), built by
     ponder.rollout.engine.build_engine from a `ProgramDriven` factory: `run(tasks)` runs
     every task rollout.group_size times, at most env.options.concurrency (else
-    rollout.batch_size) episodes at once, on a gateway started for the run."""
+    rollout.batch_size) episodes at once, on a gateway started by the first run."""
 
     constraint = None  # rollout.constrain is the program's business (its tool_choice, response_format)
 
@@ -189,6 +189,7 @@ class GatewayRollouts:
         self.max_staleness = factory.max_staleness
         self.runner = ProgramRunner(factory.options, factory.timeout_s)
         self.concurrency = max(1, factory.options.concurrency or config.batch_size)
+        self.server: GatewayServer | None = None
         self._last: dict[str, float] = {}
 
     def begin_step(self, step: int) -> None:
@@ -199,12 +200,10 @@ class GatewayRollouts:
         """Trajectories in task order (a session that rewrote its history gives several;
         one that made no call, none)."""
         start = time.perf_counter()
-        server = GatewayServer(self.backend, self.sessions, self.max_staleness, max_batch=self.concurrency)
-        try:
-            episodes = asyncio.run(self._episodes(server, [t for t in tasks for _ in range(self.config.group_size)],
-                                                  on_episode_done))  # fmt: skip
-        finally:
-            server.close()
+        if self.server is None:  # started on first use, kept until close() (its threads are daemons)
+            self.server = GatewayServer(self.backend, self.sessions, self.max_staleness, max_batch=self.concurrency)
+        episodes = asyncio.run(self._episodes(self.server, [t for t in tasks for _ in range(self.config.group_size)],
+                                              on_episode_done))  # fmt: skip
         trajectories = [t for session_trajectories in episodes for t in session_trajectories]
         wall = time.perf_counter() - start
         counted = lambda name: sum(t.metrics.get(name, 0.0) for t in trajectories)  # noqa: E731
@@ -218,6 +217,12 @@ class GatewayRollouts:
     def step_metrics(self) -> dict[str, float]:
         """The last run's counts: episodes, failed, segments, drift, rewrites, episodes/s."""
         return dict(self._last)
+
+    def close(self) -> None:
+        """Stop the gateway's server (a later run starts another)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     async def _episodes(self, server: GatewayServer, tasks: list[Task],
                         on_episode_done: Callable[[Trajectory], None] | None) -> list[list[Trajectory]]:  # fmt: skip
