@@ -161,3 +161,103 @@ def test_a_forced_reply_streams_as_call_deltas_that_add_up():
     partial = CallDeltas().feed(text[: text.index("}}")])  # mid-call: its last characters held back
     so_far = '{"city": "Pa}ris"'
     assert "".join(d["function"]["arguments"] for d in partial) == so_far[: len(so_far) - len(CallDeltas.TAIL)]
+
+
+PICK = {"type": "function", "function": {"name": "pick", "strict": True, "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}}}
+CALLS = '<tool_call>\n{"name": "pick", "arguments": {"n": 1}}\n</tool_call>\n' \
+        '<tool_call>\n{"name": "pick", "arguments": {"n": 2}}\n</tool_call>\n<tool_call>\n{"name": "pick", "argu'
+
+
+class _ScriptedGenerator:
+    """Writes `text` for every job, token by token (one character each) as the batcher
+    would, and ends with `finish`: a stand-in for a model that runs out of max_tokens."""
+
+    cancelled = 0
+
+    def __init__(self, text: str, finish: str) -> None:
+        self.text, self.finish = text, finish
+
+    def submit(self, job):
+        from ponder.serve.batcher import JobResult
+
+        for end in range(1, len(self.text) + 1):
+            if job.on_text is not None:
+                job.on_text(self.text[:end])
+        job.future.set_result(JobResult(list(range(len(self.text))), self.text, self.finish, False))
+        return job.future
+
+    def stop(self) -> None: ...
+
+    def health(self) -> None:
+        return None
+
+
+def _scripted_client(text: str, finish: str = "length"):
+    from fastapi.testclient import TestClient
+
+    from ponder.models.tiny import tiny_tokenizer
+    from ponder.serve.app import create_app
+    from ponder.serve.engine import ModelServer, ServeConfig
+
+    server = ModelServer(ServeConfig(model="tiny"), _ScriptedGenerator(text, finish), tiny_tokenizer(), 4096, "hf")
+    return TestClient(create_app(server))
+
+
+def _streamed_calls(client, body) -> tuple[list, str]:
+    """The calls a stream adds up to and its finish_reason."""
+    calls: dict[int, list[str]] = {}
+    finish = None
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: "):])
+            assert "error" not in event, event
+            choice = event["choices"][0]
+            finish = choice["finish_reason"] or finish
+            for delta in choice["delta"].get("tool_calls") or []:
+                if delta["function"].get("name"):
+                    calls[delta["index"]] = [delta["function"]["name"], ""]
+                calls[delta["index"]][1] += delta["function"].get("arguments") or ""
+    return [(name, json.loads(arguments)) for name, arguments in calls.values()], finish
+
+
+def test_a_forced_reply_cut_by_max_tokens_after_whole_calls_returns_them_with_finish_length():
+    """OpenAI returns what was written with finish_reason `length`; a forced reply returns
+    its complete calls (the unfinished one dropped), streamed or whole alike."""
+    client = _scripted_client(CALLS)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [PICK],
+            "tool_choice": "required", "max_tokens": len(CALLS)}  # fmt: skip
+    whole = client.post("/v1/chat/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    choice = whole.json()["choices"][0]
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]]
+    assert calls == [("pick", {"n": 1}), ("pick", {"n": 2})] and choice["finish_reason"] == "length"
+    assert _streamed_calls(client, body) == (calls, "length")
+
+
+def test_a_later_call_streams_once_it_is_complete():
+    """The first call streams as it grows; a later one only once whole, so a cut one is never sent."""
+    def sent(text: str) -> list[tuple[int, str, str]]:
+        return [(d["index"], d["function"].get("name", ""), d["function"]["arguments"]) for d in CallDeltas().feed(text)]
+
+    whole = sent(CALLS)
+    assert whole == [(0, "pick", ""), (0, "", '{"n": 1}'), (1, "pick", ""), (1, "", '{"n": 2}')]
+    assert sent(CALLS[: CALLS.index("2}}") + 3]) == whole[:2]  # the second call lacks its close: nothing of it
+
+
+@pytest.mark.parametrize("text, fields, code, message", [
+    ('<tool_call>\n{"name": "pick", "argu', {"tools": [PICK], "tool_choice": "required"}, "tool_choice_unmet",
+     "max_tokens (34) ran out before the first tool call was complete, so there is no complete call to return"),
+    ('{"n": 1', {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema":
+                                                                           PICK["function"]["parameters"]}}},
+     "response_format_unmet", "max_tokens (7) ran out before the JSON of response_format was complete, so there "
+                              "is no complete document to return"),
+])  # fmt: skip
+def test_a_reply_cut_before_anything_complete_is_a_422_saying_so(text, fields, code, message):
+    client = _scripted_client(text)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": len(text), **fields}
+    reply = client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 422 and reply.json()["error"]["code"] == code
+    assert reply.json()["error"]["message"].startswith(message)

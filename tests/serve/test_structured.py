@@ -134,7 +134,7 @@ def test_max_tokens_too_small_for_the_reply_is_a_422_saying_so(client):
         client.chat.completions.create(model="tiny", messages=HI, tools=[tool], tool_choice="required",
                                        temperature=0, max_tokens=4)  # fmt: skip
     assert caught.value.body["code"] == "tool_choice_unmet"
-    assert caught.value.body["message"].startswith("max_tokens (4) ran out before the tool call was complete")
+    assert caught.value.body["message"].startswith("max_tokens (4) ran out before the first tool call was complete")
 
 
 @pytest.mark.parametrize("schema, problem", [

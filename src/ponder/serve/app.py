@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ponder.serve.batcher import Job, JobResult
 from ponder.serve.chat import (
-    TOOL_OPEN, CallDeltas, ChatPlan, ChatReply, cut_at_stop, holdback_start, plan_chat, read_reply,
+    TOOL_OPEN, CallDeltas, ChatPlan, ChatReply, complete_calls, cut_at_stop, holdback_start, plan_chat, read_reply,
 )
 from ponder.serve.engine import ModelServer
 from ponder.serve.errors import APIError, bad_request, model_output_error
@@ -225,23 +225,35 @@ async def _chat_choice(
 ) -> tuple[ChatReply, str, int, tuple[str, JobResult]]:
     """One choice: (reply, finish_reason, tokens generated, (the text the model wrote, its
     result)). A forced call or response_format is sampled to match, so only a reply cut
-    short by max_tokens can miss it: refused (422) saying so."""
+    short by max_tokens can miss it (see read_result)."""
     result = await server.generate(job())
+    _, reply, finish = read_result(result, plan, stops)
+    return reply, finish, len(result.token_ids), (cut_at_stop(result.text, stops)[0], result)
+
+
+def read_result(result: JobResult, plan: ChatPlan, stops: list[str]) -> tuple[str, ChatReply, str]:
+    """(the reply's text, the reply, finish_reason) of a finished job. A forced reply cut
+    by max_tokens after one or more complete calls returns those calls with finish_reason
+    `length` (the unfinished call is dropped); one with no complete call, or JSON cut
+    before its document closed, is a 422 (unmet)."""
     text, _ = cut_at_stop(result.text, stops)
     reply = read_reply(text, plan)
+    if reply.problem is not None and result.finish_reason == "length" and (kept := complete_calls(text, plan)):
+        text, reply = kept
+        return text, reply, "length"
     unmet(reply, plan, result)
-    finish = "tool_calls" if reply.tool_calls else result.finish_reason
-    return reply, finish, len(result.token_ids), (text, result)
+    return text, reply, "tool_calls" if reply.tool_calls else result.finish_reason
 
 
 def unmet(reply: ChatReply, plan: ChatPlan, result: JobResult) -> None:
     """A 422 when the reply misses what the request demands (it was cut at max_tokens)."""
     if reply.problem is None:
         return
-    what, code = ("tool call", "tool_choice_unmet") if plan.forced else ("JSON of response_format",
-                                                                          "response_format_unmet")  # fmt: skip
-    why = (f"max_tokens ({len(result.token_ids)}) ran out before the {what} was complete; raise max_tokens"
-           if result.finish_reason == "length" else f"the model did not write a valid {what}")
+    what, code, none = (("first tool call", "tool_choice_unmet", "no complete call") if plan.forced else
+                        ("JSON of response_format", "response_format_unmet", "no complete document"))  # fmt: skip
+    why = (f"max_tokens ({len(result.token_ids)}) ran out before the {what} was complete, so there is {none} "
+           "to return; raise max_tokens" if result.finish_reason == "length"
+           else f"the model did not write a valid {what.removeprefix('first ')}")  # fmt: skip
     raise model_output_error(f"{why}: {reply.problem}", code)
 
 
@@ -308,17 +320,15 @@ async def _stream_chat(
             yield chunk
         try:
             result = live.finish()
-            text, _ = cut_at_stop(result.text, stops)
-            reply = read_reply(text, plan)
-            await log(text, result)
-            unmet(reply, plan, result)
+            await log(cut_at_stop(result.text, stops)[0], result)
+            text, reply, finish = read_result(result, plan, stops)
         except Exception as exc:  # the status line has gone out: the error travels as an event
             yield sse(api_error_from(exc).body())
             yield DONE
             return
         for chunk in _closing_chunks(meta, text, reply, live.sent, calls):
             yield chunk
-        yield _chat_chunk(meta, {}, "tool_calls" if reply.tool_calls else result.finish_reason)
+        yield _chat_chunk(meta, {}, finish)
         if usage_wanted:
             yield _usage_chunk(meta, _usage(prompt_tokens, len(result.token_ids)))
         yield DONE

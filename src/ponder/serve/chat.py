@@ -157,6 +157,18 @@ def read_reply(text: str, plan: ChatPlan) -> ChatReply:
     return ChatReply(text, [])
 
 
+def complete_calls(text: str, plan: ChatPlan) -> tuple[str, ChatReply] | None:
+    """A forced reply cut short by max_tokens, read up to its last complete call: (that
+    text, its reply) when at least one whole call meets the request, else None. What
+    OpenAI returns with finish_reason `length`, minus the call it could not finish."""
+    end = text.rfind(CallDeltas.TAIL)
+    if not plan.forced or end < 0:
+        return None
+    kept = text[: end + len(CallDeltas.TAIL)]
+    reply = read_reply(kept, plan)
+    return (kept, reply) if reply.tool_calls and reply.problem is None else None
+
+
 def openai_tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": "call_" + uuid.uuid4().hex[:24],
@@ -231,7 +243,9 @@ class CallDeltas:
     "arguments": ARGS}\\n</tool_call>`, several joined by a newline): a call's first
     delta carries its id and name, the next ones what has grown of its arguments. The
     last characters are held back until a call is complete (they may be its envelope's
-    close, which a JSON string cannot contain: its newline would be escaped)."""
+    close, which a JSON string cannot contain: its newline would be escaped). The first
+    call streams as it grows; each later one goes out once it is complete, so a reply
+    cut by max_tokens streams the same complete calls the whole reply returns."""
 
     HEAD = TOOL_OPEN + '\n{"name": "'
     MIDDLE = '", "arguments": '
@@ -245,7 +259,7 @@ class CallDeltas:
         position, index = 0, 0
         while (start := text.find(self.HEAD, position)) >= 0:
             middle = text.find(self.MIDDLE, start + len(self.HEAD))
-            if middle < 0:
+            if middle < 0 or (index > 0 and text.find(self.TAIL, middle) < 0):
                 break
             if index == len(self.sent):
                 name = json.loads('"' + text[start + len(self.HEAD) : middle] + '"')
