@@ -164,3 +164,28 @@ def restore_training_state(
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return state["trainer"]
+
+
+class Resumable:
+    """save() / resume() for a supervised trainer holding run_dir, step, policy,
+    optimizer and scheduler: it gives its own state with `trainer_state()` (a dict with
+    "step") and takes it back with `load_trainer_state(state)`."""
+
+    def trainer_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def save(self) -> Path:
+        return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
+                                   self.trainer_state())  # fmt: skip
+
+    def resume(self) -> int:
+        """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
+        state = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
+        if state is None:
+            return 0
+        self.step = state["step"]
+        self.load_trainer_state(state)
+        return self.step

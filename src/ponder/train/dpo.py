@@ -28,7 +28,7 @@ from ponder.models.forward import forward_policy
 from ponder.models.logprobs import adapters_disabled
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import collate
-from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
+from ponder.train.checkpoint import Resumable, rng_state, set_rng_state
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.train.sampler import Cycle
 from ponder.types import Task, Trajectory
@@ -124,7 +124,7 @@ def pair_logprobs(
     return sequence[: len(pairs)], sequence[len(pairs) :], chosen_mean
 
 
-class DPOTrainer:
+class DPOTrainer(Resumable):
     """The loop: pairs → log-probs → preference loss vs the fixed reference → step → log → checkpoint."""
 
     def __init__(
@@ -198,18 +198,12 @@ class DPOTrainer:
         metrics.update({"dpo/grad_norm": grad_norm, "dpo/lr": lr})
         return metrics
 
-    def save(self) -> Path:
-        trainer = {"step": self.step, "order": self.order.state_dict(), "global_rng": rng_state()}
-        return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, trainer)
+    def trainer_state(self) -> dict[str, Any]:
+        return {"step": self.step, "order": self.order.state_dict(), "global_rng": rng_state()}
 
-    def resume(self) -> int:
-        trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
-        if trainer is None:
-            return 0
-        self.step = trainer["step"]
-        self.order.load_state_dict(trainer["order"])
-        set_rng_state(trainer["global_rng"])
-        return self.step
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.order.load_state_dict(state["order"])
+        set_rng_state(state["global_rng"])
 
 
 def with_group_size(rollout: Any, samples: int, temperature: float) -> Any:

@@ -32,7 +32,7 @@ from ponder.models.memory import release_memory
 from ponder.rollout import ScriptedBackend, build_engine
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import TokenBatch, collate
-from ponder.train.checkpoint import restore_training_state, rng_state, save_training_state, set_rng_state
+from ponder.train.checkpoint import Resumable, rng_state, set_rng_state
 from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.train.sampler import ExampleSampler
@@ -168,7 +168,7 @@ def _metrics_log(run_dir: Path | None, resume_step: int) -> Iterator[MetricsLog 
         yield log
 
 
-class SFTTrainer:
+class SFTTrainer(Resumable):
     """The loop: sample → (replay) → accumulate → clip → step → log → eval → checkpoint.
 
     run_dir None: nothing is written (no metrics.jsonl, no checkpoints); the caller
@@ -239,23 +239,17 @@ class SFTTrainer:
         batch = sft_batch(self.inputs.eval, self.policy.tokenizer.pad_token_id)
         return masked_nll_pass(self.policy, batch, self.cfg.micro_batch_size, backward=False)
 
-    def save(self) -> Path:
-        trainer = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
+    def trainer_state(self) -> dict[str, Any]:
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
         if self.inputs.replay is not None:
-            trainer["replay"] = self.inputs.replay.state_dict()
-        return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, trainer)
+            state["replay"] = self.inputs.replay.state_dict()
+        return state
 
-    def resume(self) -> int:
-        """Restore the latest checkpoint of run_dir; returns its step (0 when none)."""
-        trainer = restore_training_state(self.run_dir, self.policy.model, self.optimizer, self.scheduler)
-        if trainer is None:
-            return 0
-        self.step = trainer["step"]
-        self.sampler.load_state_dict(trainer["sampler"])
-        if self.inputs.replay is not None and "replay" in trainer:
-            self.inputs.replay.load_state_dict(trainer["replay"])
-        set_rng_state(trainer["rng"])
-        return self.step
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        if self.inputs.replay is not None and "replay" in state:
+            self.inputs.replay.load_state_dict(state["replay"])
+        set_rng_state(state["rng"])
 
 
 def sft_train(
