@@ -164,3 +164,32 @@ def test_every_constrained_output_validates(policy, schema, seed):
         return
     assert generation.finish_reason == "eos"
     jsonschema.validate(json.loads(generation.text), schema)
+
+
+def test_a_triggered_constraint_is_free_until_the_call_opens_then_governs_it(policy):
+    """tool_choice auto: text is free; once `<tool_call>` is written the call's grammar
+    masks the rest (a row of the hf backend, fed tokens by hand)."""
+    from ponder.rollout.constrain import tool_calls
+    from ponder.rollout.hf import _Row
+    from ponder.types import ToolSpec
+
+    tokenizer = policy.tokenizer
+    tool = ToolSpec("add", "adds", {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+                                    "additionalProperties": False})  # fmt: skip
+    constraint = tool_calls([tool], strict=True, opened=True)
+    backend = _backend(policy)
+    (row,) = backend._rows([GenerationRequest("k", tokenizer.encode("hi"), 80, constraint)])
+    assert row.matcher is None and row.waiting  # free at first
+    for token in tokenizer.encode("Let me add. ", add_special_tokens=False):
+        backend._record(row, token, 0.0, [])
+    assert row.matcher is None and row.waiting  # no call opened: still free
+    for token in tokenizer.encode("<tool_call>", add_special_tokens=False):
+        backend._record(row, token, 0.0, [])
+    assert row.matcher is not None and not row.waiting
+    allowed = row.matcher.allowed()
+    assert allowed[tokenizer.encode("\n", add_special_tokens=False)[0]]
+    assert not allowed[tokenizer.encode("hello", add_special_tokens=False)[0]]  # no free text inside a call
+    for token in tokenizer.encode('\n{"name": "add", "arguments": {"x": 3}}\n</tool_call>', add_special_tokens=False):
+        assert row.matcher.allowed()[token]
+        backend._record(row, token, 0.0, [])
+    assert row.matcher.accepting()

@@ -46,10 +46,16 @@ class ConstraintError(ValueError):
 @dataclass(frozen=True)
 class Constraint:
     """kind: `json_schema`, `regex` or `lark`; source: the schema as JSON text, the
-    regex, or the Lark grammar. Build with `json_schema`, `regex` or `lark`."""
+    regex, or the Lark grammar. Build with `json_schema`, `regex` or `lark`.
+
+    trigger: "" (the whole reply matches the grammar), or text that switches it on:
+    the reply is free until it writes `trigger`, and what follows must match the
+    grammar (`tool_choice: auto`: the model chooses whether to call, and a call it
+    opens is well-formed). Decoders activate it as they sample (rollout/hf.py)."""
 
     kind: str
     source: str
+    trigger: str = ""
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any]) -> Constraint:
@@ -80,6 +86,8 @@ class Constraint:
         except ValueError as err:
             raise ConstraintError(f"json_schema: {err}") from None
 
+
+TOOL_OPEN = "<tool_call>"  # where a Hermes call opens (tool_calls' trigger under tool_choice auto)
 
 # Compact JSON (no free whitespace): a small model given room for spaces fills it.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -193,13 +201,15 @@ def mask_logits(logits: torch.Tensor, matchers: list[Matcher | None]) -> torch.T
     return logits
 
 
-def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, parallel: bool = True) -> Constraint:
+def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, parallel: bool = True,
+               opened: bool = False) -> Constraint:  # fmt: skip
     """The reply is one or more Hermes tool calls (`<tool_call>\\n{"name": …, "arguments":
     …}\\n</tool_call>`, the format ponder's parser reads) to one of `tools` (ToolSpecs),
     or to the one named `name`, each call's arguments matching its tool's JSON Schema.
     strict=False compiles the schemas leniently (keywords llguidance does not implement
     are ignored, not refused). `parallel` allows up to MAX_PARALLEL_CALLS calls (a model
-    that repeats itself would otherwise call until max_tokens)."""
+    that repeats itself would otherwise call until max_tokens). `opened`: free text
+    until the model opens a call (`trigger` TOOL_OPEN), the calls constrained from there."""
     offered = [tool for tool in tools if name is None or tool.name == name]
     if not offered:
         raise ConstraintError(f"tool_choice names {name!r}, which is not among the tools offered")
@@ -210,7 +220,11 @@ def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, p
     schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": options}
     call = json.dumps(schema, sort_keys=False, ensure_ascii=False)
     repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    return Constraint.lark(f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\nbody: %json {call}\n')
+    rules = f'call: "{TOOL_OPEN}\\n" body "\\n</tool_call>"\nbody: %json {call}\n'
+    if opened:  # the first call's opening is already written: the grammar starts after it
+        first = 'first: "\\n" body "\\n</tool_call>"'
+        return Constraint("lark", f"start: first{repeat}\n{first}\n{rules}", trigger=TOOL_OPEN)
+    return Constraint.lark(f"start: call{repeat}\n{rules}")
 
 
 class ConstraintMasks:

@@ -56,7 +56,8 @@ class _Row:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str = ""
-    matcher: Matcher | None = None  # the request's constraint, where it has one
+    matcher: Matcher | None = None  # the request's constraint, where it has one (and it is on)
+    waiting: bool = False  # the constraint has a trigger the row has not written yet
 
 
 class HFBackend:
@@ -202,8 +203,31 @@ class HFBackend:
         constraint and tokenizer: ponder.rollout.constrain)."""
         if not any(r.constraint is not None for r in requests):
             return [_Row(r, [], []) for r in requests]
-        grammars = grammars_for(self.tokenizer, self.eos_ids, self.policy.model.config.vocab_size)
-        return [_Row(r, [], [], matcher=grammars.matcher(r.constraint) if r.constraint else None) for r in requests]
+        grammars = self._grammars()
+        rows = []
+        for r in requests:
+            starts = r.constraint is not None and not r.constraint.trigger
+            waiting = r.constraint is not None and bool(r.constraint.trigger)
+            rows.append(_Row(r, [], [], matcher=grammars.matcher(r.constraint) if starts else None, waiting=waiting))
+        return rows
+
+    def _grammars(self) -> Any:
+        return grammars_for(self.tokenizer, self.eos_ids, self.policy.model.config.vocab_size)
+
+    def _switch_on(self, row: _Row) -> None:
+        """A triggered constraint: once the row's text has written the trigger, its
+        grammar governs the rest (the text after the trigger in the same token fed in)."""
+        trigger = row.request.constraint.trigger
+        tail = self.tokenizer.decode(row.token_ids[-_STOP_WINDOW_TOKENS:], skip_special_tokens=False)
+        if trigger not in tail:
+            return
+        row.waiting = False
+        matcher = self._grammars().matcher(row.request.constraint)
+        for token in self.tokenizer.encode(tail[tail.rindex(trigger) + len(trigger) :], add_special_tokens=False):
+            if not matcher.allowed()[token]:
+                return  # what came with the trigger already breaks the grammar: the row stays free
+            matcher.advance(token)
+        row.matcher = matcher
 
     @staticmethod
     def _constrain(logits: torch.Tensor, rows: list[_Row], batch: list[int], live: list[int]) -> torch.Tensor:
@@ -237,6 +261,8 @@ class HFBackend:
         row.logprobs.append(logprob)
         if row.matcher is not None and not row.matcher.done:
             row.matcher.advance(token)
+        elif row.waiting:
+            self._switch_on(row)
         row.finish_reason = self._finish_reason(row, stop_strings)
         if self.on_token is not None and self.on_token(row.request, row.token_ids) and not row.finish_reason:
             row.finish_reason = "abort"

@@ -47,7 +47,8 @@ class ChatPlan:
     tools: the tools offered (empty: the reply is not read for calls).
     forced: None, `required`, or the one tool's name (tool_choice).
     schema / json_mode: response_format's JSON Schema, or json_object.
-    constraint: what the reply is sampled to match (forced calls, response_format), or None.
+    constraint: what the reply is sampled to match (forced calls, response_format; under
+        tool_choice auto, a call once the model opens one), or None.
     """
 
     messages: list[dict[str, str]]
@@ -74,11 +75,13 @@ def plan_chat(request: ChatRequest) -> ChatPlan:
         instructions = system_prompt("hermes", offered, instructions=text, answer_schema=schema)
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + turns
     constraint = None
+    strict = any(tool.function.strict for tool in request.tools or [])
     if forced is not None:
-        strict = any(tool.function.strict for tool in request.tools or [])
         constraint = tool_calls(offered, None if forced == "required" else forced, strict, request.parallel_tool_calls)
     elif json_mode:
         constraint = Constraint.json_schema(schema if schema is not None else {"type": "object"})
+    elif offered:  # tool_choice auto: the model chooses; a call it opens is sampled well-formed
+        constraint = tool_calls(offered, None, strict, request.parallel_tool_calls, opened=True)
     return ChatPlan(messages, offered, forced, schema, json_mode, constraint)
 
 

@@ -293,8 +293,10 @@ def _context_limit(server: VLLMServer, base: str) -> int:
 
 def structured_outputs(constraint: Constraint | None) -> dict[str, Any]:
     """A constraint as vLLM's request field: `json`, `regex`, or `grammar` (Lark, in
-    llguidance's dialect: the server runs with the guidance backend)."""
-    if constraint is None:
+    llguidance's dialect: the server runs with the guidance backend). A triggered
+    constraint (tool_choice auto) is not sent: vLLM's field constrains a whole reply,
+    so there the model's calls are read as written."""
+    if constraint is None or constraint.trigger:
         return {}
     field = {"json_schema": "json", "regex": "regex", "lark": "grammar"}[constraint.kind]
     value = json.loads(constraint.source) if constraint.kind == "json_schema" else constraint.source
