@@ -55,3 +55,36 @@ def test_embedded_model_uses_a_tool():
     state = Agent(chat, [calculator], config).run("Use the calculator to compute 17 * 23.")
     assert state.finished and state.counters.turns >= 1
     assert state.status in ("answered", "stopped")
+
+
+class RecordingBackend(HFBackend):
+    """The real hf backend, keeping each request's constraint (what the agent asked for)."""
+
+    def generate(self, requests, stop_strings):
+        self.asked = [r.constraint for r in requests]
+        return super().generate(requests, stop_strings)
+
+
+def test_constrain_calls_samples_each_action_under_the_offered_tools_grammar():
+    from ponder.tools.base import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: the first.
+            b: the second.
+        """
+        return a + b
+
+    backend = RecordingBackend(tiny_policy(seed=3), SamplingConfig(temperature=0.0), seed=0)
+    config = AgentConfig(max_turns=1, max_new_tokens_per_turn=8, constrain_calls=True)
+    Agent(BackendPolicy(backend, stream_chunk_tokens=4), [add], config=config).run("What is 2 + 3?")
+    (constraint,) = backend.asked  # streaming in chunks is off for a constrained action
+    assert constraint.trigger == "<tool_call>" and '"const": "add"' in constraint.source
+    plain = RecordingBackend(tiny_policy(seed=3), SamplingConfig(temperature=0.0), seed=0)
+    Agent(BackendPolicy(plain), [add], config=AgentConfig(max_turns=1, max_new_tokens_per_turn=8)).run("2 + 3?")
+    assert plain.asked == [None]
+    with pytest.raises(ValueError, match="constrain_calls needs style hermes"):
+        AgentConfig(style="react", constrain_calls=True)

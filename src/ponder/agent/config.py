@@ -79,6 +79,9 @@ class AgentConfig:
         (ponder.agent.prompt.UNTRUSTED_RULE).
     raw_tool_output: show tool output verbatim, neither escaped nor marked with its source
         (ponder.tools.safety.escape); only for measuring the undefended baseline.
+    constrain_calls: sample each call the model opens to the offered tools' grammar
+        (`hermes` style, a local model: ponder.rollout.constrain), so a call it writes
+        names an offered tool with schema-valid arguments; text stays free.
     """
 
     style: str = "hermes"
@@ -98,10 +101,13 @@ class AgentConfig:
     retrieve_tools_topk: int = 5
     untrusted_rule: bool = True
     raw_tool_output: bool = False
+    constrain_calls: bool = False
 
     def __post_init__(self) -> None:
         if self.style not in PARSERS:
             raise AgentConfigError(f"style {self.style!r} is unknown; valid: {', '.join(sorted(PARSERS))}")
+        if self.constrain_calls and self.style != "hermes":
+            raise AgentConfigError(f"constrain_calls needs style hermes (its calls have a grammar), not {self.style!r}")
         if self.window_mode not in ("drop", "summarize"):
             raise AgentConfigError(f"window_mode must be 'drop' or 'summarize', got {self.window_mode!r}")
         for name in ("max_turns", "max_new_tokens_per_turn", "max_context_tokens", "max_generated_tokens"):

@@ -157,9 +157,11 @@ class Agent:
             return self._finish(state, STOPPED, "max_context", None)
         budget = min(config.max_new_tokens_per_turn, config.max_generated_tokens - state.counters.generated_tokens)
         on_text = (lambda text: self._emit("text", text)) if self.on_event else None
+        constrained = {"constraint": self._call_grammar(offered)} if config.constrain_calls else {}
         try:
             completion = self.policy.complete(
-                shown, list(self.parser.stop_strings), budget, state.key, on_text, self._remaining(state, started)
+                shown, list(self.parser.stop_strings), budget, state.key, on_text, self._remaining(state, started),
+                **constrained,
             )
         except PolicyError:
             raise
@@ -217,6 +219,14 @@ class Agent:
                                                            state.memory.get("lessons"))
         self._emit("tools_offered", offered)
         return offered
+
+    def _call_grammar(self, offered: list[str]) -> Any:
+        """constrain_calls: the grammar of a call to the tools the prompt lists this turn
+        (`offered`, or every registered tool), switched on when the model opens a call."""
+        from ponder.rollout.constrain import tool_calls
+
+        specs = [spec for spec in self.registry.specs() if not offered or spec.name in offered]
+        return tool_calls(specs, strict=False, opened=True) if specs else None
 
     def _system_prompt(self, specs: list[Any], lessons: list[str] | None) -> str:
         # Tools the guard's allow-list refuses are not offered: the model is not invited to call them.

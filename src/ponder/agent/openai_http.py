@@ -76,6 +76,7 @@ class OpenAIPolicy:
         key: str,
         on_text: TextCallback | None = None,
         timeout_s: float | None = None,
+        constraint: Any = None,  # a remote endpoint samples on its own: ignored
     ) -> Completion:
         payload: dict[str, Any] = {
             "model": self.model,

@@ -51,7 +51,12 @@ class ChatPolicy(Protocol):
         key: str,
         on_text: TextCallback | None = None,
         timeout_s: float | None = None,
-    ) -> Completion: ...
+        constraint: Any = None,
+    ) -> Completion:
+        """The next assistant action. `constraint` (a ponder.rollout.constrain.Constraint,
+        passed only when the agent asks for one): what the action is sampled to match;
+        a policy that cannot constrain its sampler (a remote endpoint) ignores it."""
+        ...
 
 
 class BackendPolicy:
@@ -87,10 +92,13 @@ class BackendPolicy:
         key: str,
         on_text: TextCallback | None = None,
         timeout_s: float | None = None,
+        constraint: Any = None,
     ) -> Completion:
         context = self.render(messages)
-        if on_text is None or self.stream_chunk_tokens <= 0:
-            generation = self.backend.generate([GenerationRequest(key, context, max_new_tokens)], stop)[0]
+        # chunks would each start the grammar afresh: a constrained action is generated whole
+        if on_text is None or self.stream_chunk_tokens <= 0 or constraint is not None:
+            request = GenerationRequest(key, context, max_new_tokens, constraint)
+            generation = self.backend.generate([request], stop)[0]
             if on_text is not None and generation.text:
                 on_text(generation.text)
             n_new = len(generation.token_ids)
