@@ -533,7 +533,7 @@ def _register_package_commands(commands: Any) -> None:
     register_tool_commands(commands)  # `tools` and `bench-agent`
     from ponder.cli.serve import register as register_serve_command
 
-    register_serve_command(commands)  # `serve`
+    register_serve_command(commands)  # `serve` and `gateway`
     from ponder.cli.warmup import register as register_warmup_command
 
     register_warmup_command(commands)  # `warmup`

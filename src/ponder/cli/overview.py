@@ -19,7 +19,7 @@ NAME_COLUMN = 19  # "  bench-injection  " — the longest name and its margins
 GROUPS: dict[str, tuple[str, ...]] = {
     "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge"),
     "evaluate": ("eval", "report", "plot", "gain", "bench-agent", "bench-injection"),
-    "run and serve": ("chat", "run-agent", "serve", "personal", "serve-retriever", "mcp-serve"),
+    "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve"),
     "tools and data": ("tools", "gen-tasks"),
     "experiments": ("needle", "refine"),
 }
@@ -51,6 +51,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "chat": ("ponder chat --model runs/grpo --tools calculator",),
     "run-agent": ('ponder run-agent --task "What is 17 * 23?" --tools calculator',),
     "serve": ("ponder serve --adapter grpo=runs/grpo --port 8000",),
+    "gateway": ("ponder gateway --recipe recipes/gateway_math.yaml --out runs/online",),
     "personal": ("ponder personal list --users ~/.ponder-users",),
     "serve-retriever": ("ponder serve-retriever --recipe recipes/search_qa.yaml --port 8000",),
     "mcp-serve": ("ponder mcp-serve --transport http --tools calculator,python",),

@@ -71,6 +71,45 @@ def register(commands: Any) -> None:
     serve.add_argument("--seed", type=int, default=0, help="sampling seed")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(handler=cmd_serve)
+    _register_gateway(commands)
+
+
+GATEWAY = """\
+Online training through the gateway: serve sessions to outside drivers (another
+process, another language) and train on them. A driver opens a session with the
+admin key ($PONDER_GATEWAY_KEY), POST /v1/sessions {"task_id": ...}, runs its agent
+against the returned base_url and api_key with any OpenAI client (model "policy"),
+posts the reward (POST /v1/sessions/ID/reward {"reward": x}) and ends it (POST
+/v1/sessions/ID/end). Each of train.steps steps trains on the next
+train.tasks_per_step x rollout.group_size ended sessions; sessions with the same
+task_id form one GRPO group. The recipe is a gateway recipe (env.kind gateway).
+See docs/guide/gateway.md.
+"""
+
+
+def _register_gateway(commands: Any) -> None:
+    gateway = commands.add_parser("gateway", help="train online on sessions that outside agent programs drive",
+                                  description=GATEWAY, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gateway.add_argument("--recipe", required=True, help="a gateway recipe (env.kind gateway)")
+    gateway.add_argument("--out", required=True, help="the run directory (weights, metrics.jsonl)")
+    gateway.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    gateway.add_argument("--port", type=int, default=8100)
+    gateway.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    gateway.set_defaults(handler=cmd_gateway)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    import os
+
+    from ponder.config import load_recipe
+    from ponder.jobs.online import ADMIN_KEY_ENV, run_online
+
+    admin_key = os.environ.get(ADMIN_KEY_ENV)
+    if not admin_key:
+        raise ValueError(f"set ${ADMIN_KEY_ENV} to the admin key drivers will open sessions with")
+    recipe = load_recipe(args.recipe, ["train.eval_every=0", *args.overrides])
+    run_online(recipe, args.out, admin_key, args.host, args.port, lambda line: print(line, file=sys.stderr, flush=True))
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -43,6 +43,8 @@ class GatewayOptions:
 
     agent: the program as `module:function`, an `async def run(task, base_url, api_key)`
         (or a plain function) taking the task as a dict and returning its reward.
+        Neither agent nor command: only `ponder gateway` (online mode, outside drivers)
+        can run the recipe.
     command: or the program as a command run per episode, with OPENAI_BASE_URL,
         OPENAI_API_KEY, PONDER_TASK (the task as JSON) and PONDER_REWARD_URL set.
     tasks / eval_tasks: task files (JSONL, Parquet, a saved `datasets` directory).
@@ -69,9 +71,9 @@ class GatewayOptions:
     teacher: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.agent is None) == (self.command is None):
-            raise ValueError("env.options for gateway: give exactly one of `agent` (module:function) "
-                             "and `command` (a list of strings)")  # fmt: skip
+        if self.agent is not None and self.command is not None:
+            raise ValueError("env.options for gateway: give one of `agent` (module:function) and `command` "
+                             "(a list of strings), not both (neither: `ponder gateway` serves outside drivers)")  # fmt: skip
         if self.agent is not None and ":" not in self.agent:
             raise ValueError(f"env.options.agent {self.agent!r}: write it as module:function")
         if self.command is not None and (not self.command or not all(isinstance(a, str) for a in self.command)):

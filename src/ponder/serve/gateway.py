@@ -199,6 +199,9 @@ class GatewayRollouts:
             ) -> tuple[list[Trajectory], RolloutStats]:  # fmt: skip
         """Trajectories in task order (a session that rewrote its history gives several;
         one that made no call, none)."""
+        if self.options.agent is None and self.options.command is None:
+            raise ValueError("env.options for gateway gives no `agent` or `command` to run: ponder train and "
+                             "ponder eval need one; `ponder gateway` serves sessions to outside drivers")  # fmt: skip
         start = time.perf_counter()
         if self.server is None:  # started on first use, kept until close() (its threads are daemons)
             self.server = GatewayServer(self.backend, self.sessions, self.max_staleness, max_batch=self.concurrency)
@@ -266,3 +269,56 @@ def episode_trajectories(session: Session, outcome: Outcome, tokenizer: Any) -> 
     first.metrics.update({"gateway/failed": float(outcome.failure is not None), "gateway/drift": float(session.drift),
                           "gateway/rewrites": float(session.rewrites), "gateway/calls": float(len(session.calls))})
     return trajectories
+
+
+class OnlineRollouts:
+    """`ponder gateway` (online mode): the sessions come from outside drivers — another
+    process, another language — that open them with the admin key, run their agent
+    against the session's base_url, post a reward and end them. Each training step
+    waits for `need` ended sessions (train.tasks_per_step x rollout.group_size) and
+    trains on them; sessions that share a `task_id` form one GRPO group.
+    `tasks_served` tells the trainer which tasks those were (the drivers', not its own)."""
+
+    def __init__(self, backend: Any, sampling: Any, need: int, host: str, port: int, admin_key: str,
+                 max_staleness: int | None = None, poll_s: float = 0.2) -> None:  # fmt: skip
+        limits = SessionSampling(sampling.temperature, sampling.top_p, sampling.max_new_tokens_per_turn,
+                                 sampling.max_total_tokens)  # fmt: skip
+        self.sessions = Sessions(admin_key, limits)
+        self.server = GatewayServer(backend, self.sessions, max_staleness, host, port)
+        self.backend, self.need, self.poll_s = backend, need, poll_s
+        self._served: list[Task] = []
+        self._last: dict[str, float] = {}
+
+    def begin_step(self, step: int) -> None:
+        self.sessions.version = step
+
+    def run(self, tasks: list[Task]) -> tuple[list[Trajectory], RolloutStats]:
+        """The next `need` ended sessions, oldest first (the sampler's `tasks` are not used)."""
+        start = time.perf_counter()
+        while len(ended := self.sessions.ended()) < self.need:
+            time.sleep(self.poll_s)
+        collected = [self.sessions.collect(session.id) for session in ended[: self.need]]
+        trajectories = [t for s in collected for t in episode_trajectories(s, Outcome(), self.backend.tokenizer)]
+        kept = [t for t in trajectories if t.response_ids]
+        self._served = [Task(task_id, "", []) for task_id in dict.fromkeys(t.task_id for t in kept)]
+        wall = time.perf_counter() - start
+        self._last = {"gateway/episodes": float(len(collected)), "gateway/segments": float(len(kept)),
+                      "gateway/drift": float(sum(s.drift for s in collected)),
+                      "gateway/rewrites": float(sum(s.rewrites for s in collected)),
+                      "gateway/unrewarded": float(sum(s.reward is None for s in collected))}  # fmt: skip
+        return kept, RolloutStats(len(collected), sum(sum(t.loss_mask) for t in kept), wall, 0.0, wall)
+
+    def tasks_served(self, asked: list[Task]) -> list[Task]:
+        return list(self._served)
+
+    def submit(self, tasks: list[Task]) -> Any:
+        raise ValueError("ponder gateway trains on sessions as they end: leave train.async_rollouts off")
+
+    def result(self, pending: Any) -> tuple[list[Trajectory], RolloutStats]:
+        raise ValueError("ponder gateway runs no rollouts in the background")
+
+    def step_metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+    def close(self) -> None:
+        self.server.close()

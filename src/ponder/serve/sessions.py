@@ -200,6 +200,11 @@ class Sessions:
     def is_admin(self, key: str | None) -> bool:
         return key is not None and hmac.compare_digest(key.encode(), self.admin_key.encode())
 
+    def ended(self) -> list[Session]:
+        """The sessions whose driver ended them, oldest first."""
+        with self._lock:
+            return sorted((s for s in self._sessions.values() if s.ended), key=lambda s: s.created)
+
     def collect(self, session_id: str) -> Session:
         """Remove a session and give it back (the trainer takes its finished episodes)."""
         with self._lock:

@@ -512,6 +512,8 @@ class RLTrainer:
             else:
                 fresh = self.sampler.next_batch(want)
                 trajectories, part = self.rollouts.run(fresh)
+                if hasattr(self.rollouts, "tasks_served"):  # an online gateway serves its drivers' tasks
+                    fresh = self.rollouts.tasks_served(fresh)
             score_trajectories(trajectories, {t.id: t for t in fresh}, self.reward)
             _check_rewards(trajectories, self.step + 1)
             curriculum = self.sampler.observe(fresh, trajectories)
