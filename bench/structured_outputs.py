@@ -6,8 +6,12 @@ json_schema` requests, greedy and at temperature 1; counts the replies that are 
 calls (of the named tool, with schema-valid arguments) and valid JSON, and checks that
 streamed and whole greedy replies agree.
 
-    .venv/bin/python bench/structured_outputs.py --requests 100 --out runs/bench/structured.json
+    .venv/bin/python bench/structured_outputs.py --requests 200 --clients 32 --out runs/bench/structured.json
     .venv/bin/python bench/structured_outputs.py --smoke     # the tiny model, a few requests
+
+Each block's requests go out from --clients threads at once (the server batches them);
+every request draws its schema, question and options from its own rng, seeded by
+(kind, temperature, index), so what is asked does not depend on the scheduling.
 
 Prints one line per kind and writes every count (and every failure) as JSON with --out.
 """
@@ -22,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
@@ -62,11 +67,12 @@ def object_schema(rng: random.Random, longest: int = 24) -> dict:
 
 
 def tool_case(client: openai.OpenAI, model: str, rng: random.Random, temperature: float, seed: int) -> str | None:
-    """One forced tool choice; None when the reply keeps its promise, else why not."""
+    """One forced tool choice; None when the reply keeps its promise, else why not.
+    `rng`'s first draw picks the mode (tool_mode), so it can be told apart afterwards."""
+    named = tool_mode(rng) == "named"
     tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": f"tool number {i}",
                                                "parameters": object_schema(rng), "strict": True}}
              for i in range(rng.randint(1, 3))]  # fmt: skip
-    named = rng.random() < 0.5
     choice = {"type": "function", "function": {"name": tools[-1]["function"]["name"]}} if named else "required"
     reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": rng.choice(QUESTIONS)}],
                                            tools=tools, tool_choice=choice, temperature=temperature, seed=seed,
@@ -83,6 +89,16 @@ def tool_case(client: openai.OpenAI, model: str, rng: random.Random, temperature
         except (ValueError, jsonschema.ValidationError) as err:
             return str(err).splitlines()[0]
     return None
+
+
+def tool_mode(rng: random.Random) -> str:
+    """`named` (tool_choice names the last tool) or `required`, one draw of `rng`."""
+    return "named" if rng.random() < 0.5 else "required"
+
+
+def request_rng(kind: str, temperature: float, index: int) -> random.Random:
+    """The rng of one request: the same draws whatever order the requests run in."""
+    return random.Random(f"{kind}/{temperature:g}/{index}")
 
 
 def json_case(client: openai.OpenAI, model: str, rng: random.Random, temperature: float, seed: int) -> str | None:
@@ -134,27 +150,55 @@ def wait_ready(client: openai.OpenAI, process: subprocess.Popen, timeout_s: floa
     raise RuntimeError("ponder serve did not answer in time")
 
 
-def run(client: openai.OpenAI, model: str, requests: int) -> dict:
+def one_request(client: openai.OpenAI, model: str, kind: str, temperature: float, seed: int) -> dict:
+    """One request of a block: {seed, mode, problem} (problem None: valid)."""
+    case = tool_case if kind == "tool_choice" else json_case
+    mode = tool_mode(request_rng(kind, temperature, seed)) if kind == "tool_choice" else "json_schema"
+    try:
+        problem = case(client, model, request_rng(kind, temperature, seed), temperature, seed)
+    except openai.UnprocessableEntityError as err:  # max_tokens ran out first
+        problem = str(err.body.get("message", err))[:300]
+    except openai.APIError as err:  # any other refusal is a miss too, not the end of the run
+        problem = f"{type(err).__name__}: {str(err)[:300]}"
+    if problem is not None:
+        print(f"  miss: {kind} at temperature {temperature:g}, seed {seed} ({mode}): {problem}", flush=True)
+    return {"seed": seed, "mode": mode, "problem": problem}
+
+
+def stream_check(client: openai.OpenAI, model: str, index: int) -> str | None:
+    """None when stream_agrees, else why not."""
+    try:
+        return None if stream_agrees(client, model, request_rng("stream", 0.0, index)) else "differ"
+    except (openai.APIError, ValueError, TypeError, KeyError) as err:
+        return f"{type(err).__name__}: {str(err)[:300]}"
+
+
+def run(client: openai.OpenAI, model: str, requests: int, clients: int = 8) -> dict:
     results: dict = {}
-    for kind, case in (("tool_choice", tool_case), ("response_format", json_case)):
-        for temperature in (0.0, 1.0):
-            rng, failures, start = random.Random(f"{kind}{temperature}"), [], time.perf_counter()
-            for seed in range(requests):
-                try:
-                    problem = case(client, model, rng, temperature, seed)
-                except openai.UnprocessableEntityError as err:  # max_tokens ran out first
-                    problem = str(err.body.get("message", err))[:200]
-                if problem is not None:
-                    failures.append({"seed": seed, "problem": problem})
-            name = f"{kind} at temperature {temperature:g}"
-            results[name] = {"requests": requests, "valid": requests - len(failures), "failures": failures,
-                             "seconds": time.perf_counter() - start}  # fmt: skip
-            print(f"{name}: {requests - len(failures)}/{requests} valid "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
-    rng = random.Random("stream")
-    agree = sum(stream_agrees(client, model, rng) for _ in range(max(2, requests // 10)))
-    results["stream equals whole (greedy)"] = {"requests": max(2, requests // 10), "agree": agree}
-    print(f"streamed and whole greedy calls agree: {agree}/{max(2, requests // 10)}")
+    with ThreadPoolExecutor(clients) as pool:
+        for kind in ("tool_choice", "response_format"):
+            for temperature in (0.0, 1.0):
+                start = time.perf_counter()
+                done = list(pool.map(lambda seed: one_request(client, model, kind, temperature, seed), range(requests)))
+                seconds = time.perf_counter() - start
+                failures = [{"seed": d["seed"], "mode": d["mode"], "problem": d["problem"]}
+                            for d in done if d["problem"] is not None]  # fmt: skip
+                modes = {mode: {"requests": sum(d["mode"] == mode for d in done),
+                                "valid": sum(d["mode"] == mode and d["problem"] is None for d in done)}
+                         for mode in sorted({d["mode"] for d in done})}  # fmt: skip
+                name = f"{kind} at temperature {temperature:g}"
+                results[name] = {"requests": requests, "valid": requests - len(failures), "modes": modes,
+                                 "failures": failures, "seconds": seconds}  # fmt: skip
+                split = ", ".join(f"{mode} {m['valid']}/{m['requests']}" for mode, m in modes.items())
+                print(f"{name}: {requests - len(failures)}/{requests} valid ({split}; {seconds:.0f} s)", flush=True)
+        checks = max(2, requests // 10)
+        start = time.perf_counter()
+        problems = list(pool.map(lambda index: stream_check(client, model, index), range(checks)))
+    agree = problems.count(None)
+    results["stream equals whole (greedy)"] = {
+        "requests": checks, "agree": agree, "seconds": time.perf_counter() - start,
+        "failures": [{"index": i, "problem": p} for i, p in enumerate(problems) if p is not None]}  # fmt: skip
+    print(f"streamed and whole greedy calls agree: {agree}/{checks}")
     return results
 
 
@@ -162,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--requests", type=int, default=100, help="per kind and temperature")
+    parser.add_argument("--clients", type=int, default=8, help="requests in flight at once")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, 3 requests each")
     parser.add_argument("--out", help="write the counts here as JSON")
     args = parser.parse_args(argv)
@@ -174,14 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
         wait_ready(client, process)
-        results = run(client, args.model, args.requests)
+        start = time.perf_counter()
+        results = run(client, args.model, args.requests, args.clients)
+        results["wall seconds"] = time.perf_counter() - start
     finally:
         process.terminate()
         process.wait(30)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"model": args.model, **results}, indent=2))
-    return 0 if all(r.get("valid", r.get("agree")) == r["requests"] for r in results.values()) else 1
+    print(f"wall time: {results['wall seconds']:.0f} s with {args.clients} clients")
+    blocks = [r for r in results.values() if isinstance(r, dict)]
+    return 0 if all(r.get("valid", r.get("agree")) == r["requests"] for r in blocks) else 1
 
 
 if __name__ == "__main__":
