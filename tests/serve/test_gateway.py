@@ -306,3 +306,11 @@ def test_the_warm_up_records_the_program_against_the_reference_solver(policy) ->
         assert answer.removeprefix("Answer: ") in result and trajectory.stop_reason == "done"
         sampled = [i for i, m in enumerate(trajectory.loss_mask) if m]
         assert trajectory.loss_mask[0] == 1 and 0 in trajectory.loss_mask and len(sampled) < len(trajectory.loss_mask)
+
+
+def test_recorded_turns_carry_the_calls_the_program_was_sent(policy) -> None:
+    gateway = rollouts(policy, GatewayOptions(agent=f"{__name__}:langchain_forced", tasks="unused.jsonl"), tokens=200)
+    trajectories, _ = gateway.run(TASKS[:1])
+    for trajectory in trajectories:
+        assert all(turn.tool_calls and turn.tool_calls[0].name == "weather" for turn in trajectory.turns)
+        assert trajectory.metrics["tool_calls"] == 3.0 and trajectory.metrics["tool_calls/weather"] == 3.0

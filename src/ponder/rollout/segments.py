@@ -21,11 +21,11 @@ the policy sampled:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ponder.models.chat import encode_chat
-from ponder.types import Trajectory, Turn
+from ponder.types import ToolCall, Trajectory, Turn
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Call:
     sampled, with logprobs[i] = log p(completion_ids[i]) under the sampling distribution.
     version: the weights version (training step) that served it. text: the completion
     as text. reward: a reward posted for this call (per-turn credit), if any.
+    tool_calls: the calls the completion made (as the server read them for the program).
     """
 
     id: str
@@ -46,6 +47,7 @@ class Call:
     text: str = ""
     finish_reason: str = ""
     reward: float | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def spliced_prompt(
@@ -115,7 +117,8 @@ def segment_trajectory(
         trajectory.response_ids += call.completion_ids
         trajectory.loss_mask += [1] * len(call.completion_ids)
         trajectory.old_logprobs += list(call.logprobs)
-        trajectory.turns.append(Turn(index, call.text, n_action_tokens=len(call.completion_ids), reward=call.reward))
+        trajectory.turns.append(Turn(index, call.text, tool_calls=list(call.tool_calls),
+                                     n_action_tokens=len(call.completion_ids), reward=call.reward))  # fmt: skip
         context = len(call.prompt_ids) + len(call.completion_ids)
     trajectory.stop_reason = calls[-1].finish_reason
     trajectory.check()

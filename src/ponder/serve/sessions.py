@@ -32,8 +32,10 @@ from typing import Any
 from ponder.models.chat import encode_chat
 from ponder.rollout.segments import Call, segment_trajectory, segments, spliced_prompt
 from ponder.serve.errors import APIError, bad_request
+from ponder.tools.parsers import HermesParser
 from ponder.types import Trajectory
 
+_PARSER = HermesParser()  # the calls of a reply, as serve reads them (serve/chat.py)
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -110,7 +112,7 @@ class Session:
         """Keep one generated reply (a serve/batcher JobResult; `reply_text` the text the
         program is sent) as a call."""
         call = Call(f"call-{len(self.calls)}", list(prompt_ids), list(result.token_ids), list(result.logprobs),
-                    self.serving, result.text, result.finish_reason)  # fmt: skip
+                    self.serving, result.text, result.finish_reason, tool_calls=_PARSER.parse(reply_text).calls)  # fmt: skip
         self.calls.append(call)
         self._messages.append([dict(m) for m in messages])
         self._replies.append(reply_text)
