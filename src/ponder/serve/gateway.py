@@ -190,6 +190,7 @@ class GatewayRollouts:
         self.runner = ProgramRunner(factory.options, factory.timeout_s)
         self.concurrency = max(1, factory.options.concurrency or config.batch_size)
         self.server: GatewayServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._last: dict[str, float] = {}
 
     def begin_step(self, step: int) -> None:
@@ -205,8 +206,13 @@ class GatewayRollouts:
         start = time.perf_counter()
         if self.server is None:  # started on first use, kept until close() (its threads are daemons)
             self.server = GatewayServer(self.backend, self.sessions, self.max_staleness, max_batch=self.concurrency)
-        episodes = asyncio.run(self._episodes(self.server, [t for t in tasks for _ in range(self.config.group_size)],
-                                              on_episode_done))  # fmt: skip
+            # one loop for every run: clients a program leaves behind close on the loop they were made on
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="ponder-gateway-programs", daemon=True).start()
+        episodes = asyncio.run_coroutine_threadsafe(
+            self._episodes(self.server, [t for t in tasks for _ in range(self.config.group_size)], on_episode_done),
+            self._loop,
+        ).result()
         trajectories = [t for session_trajectories in episodes for t in session_trajectories]
         wall = time.perf_counter() - start
         counted = lambda name: sum(t.metrics.get(name, 0.0) for t in trajectories)  # noqa: E731
@@ -226,6 +232,7 @@ class GatewayRollouts:
         if self.server is not None:
             self.server.close()
             self.server = None
+            self._loop.call_soon_threadsafe(self._loop.stop)
 
     async def _episodes(self, server: GatewayServer, tasks: list[Task],
                         on_episode_done: Callable[[Trajectory], None] | None) -> list[list[Trajectory]]:  # fmt: skip
