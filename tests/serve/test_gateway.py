@@ -314,3 +314,20 @@ def test_recorded_turns_carry_the_calls_the_program_was_sent(policy) -> None:
     for trajectory in trajectories:
         assert all(turn.tool_calls and turn.tool_calls[0].name == "weather" for turn in trajectory.turns)
         assert trajectory.metrics["tool_calls"] == 3.0 and trajectory.metrics["tool_calls/weather"] == 3.0
+
+
+def test_async_rollouts_through_the_gateway_train_one_step_behind(tmp_path) -> None:
+    """train.async_rollouts: the next step's sessions are served by the weights before
+    the update; their recorded logprobs are the ratio's denominator (off 1 by then)."""
+    from ponder.config import load_recipe
+    from ponder.jobs.parts import rl_trainer
+
+    recipe = load_recipe("recipes/gateway_math.yaml", [
+        "model.name=tiny", "train.steps=2", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
+        "rollout.sampling.max_new_tokens_per_turn=8", "env.options.tasks_from.options.n_train=8",
+        "env.options.tasks_from.options.n_eval=4", "lora.r=2", "lora.alpha=4", "sft.steps=0", "optim.lr=1e-2",
+        f"env.options.agent={__name__}:example_with_noise", "train.async_rollouts=true"])  # fmt: skip
+    steps = []
+    rl_trainer(recipe, tmp_path).train(on_step=lambda step, metrics: steps.append(metrics))
+    assert [m["policy/staleness"] for m in steps] == [0.0, 1.0]
+    assert abs(steps[0]["policy/ratio_mean"] - 1.0) < 1e-4 < abs(steps[1]["policy/ratio_mean"] - 1.0)
