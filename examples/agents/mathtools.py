@@ -42,4 +42,4 @@ def demonstration(task: dict) -> list[str]:
     solution), then the answer line."""
     expressions = re.findall(r"<calculator>(.*?)</calculator>", " ".join(task.get("oracle_actions") or []))
     call = {"name": "calculator", "arguments": {"expression": expressions[-1] if expressions else task["answers"][0]}}
-    return [f"<tool_call>{json.dumps(call)}</tool_call>", f"Answer: {task['answers'][0]}"]
+    return [f"<tool_call>\n{json.dumps(call)}\n</tool_call>", f"Answer: {task['answers'][0]}"]  # the prompt's format

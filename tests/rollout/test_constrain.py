@@ -193,3 +193,8 @@ def test_a_triggered_constraint_is_free_until_the_call_opens_then_governs_it(pol
         assert row.matcher.allowed()[token]
         backend._record(row, token, 0.0, [])
     assert row.matcher.accepting()
+    (compact,) = backend._rows([GenerationRequest("k2", tokenizer.encode("hi"), 80, constraint)])
+    for token in tokenizer.encode('<tool_call>{"name": "add", "arguments": {"x": 3}}</tool_call>', add_special_tokens=False):
+        assert compact.matcher is None or compact.matcher.allowed()[token]  # no newlines around the JSON: fine too
+        backend._record(compact, token, 0.0, [])
+    assert compact.matcher.accepting()

@@ -301,7 +301,7 @@ def test_the_warm_up_records_the_program_against_the_reference_solver(policy) ->
     assert len(demonstrations) == 3
     for trajectory in demonstrations:
         call, answer = (turn.action for turn in trajectory.turns)
-        assert call.startswith('<tool_call>{"name": "calculator"') and answer.startswith("Answer: ")
+        assert call.startswith('<tool_call>\n{"name": "calculator"') and answer.startswith("Answer: ")
         result = trajectory.turns[0].observation  # the program's own calculator, as the tool turn
         assert answer.removeprefix("Answer: ") in result and trajectory.stop_reason == "done"
         sampled = [i for i, m in enumerate(trajectory.loss_mask) if m]

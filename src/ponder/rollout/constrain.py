@@ -219,12 +219,14 @@ def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, p
     options = {**JSON_OPTIONS, "lenient": not strict}
     schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": options}
     call = json.dumps(schema, sort_keys=False, ensure_ascii=False)
-    repeat = f' ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
-    rules = f'call: "{TOOL_OPEN}\\n" body "\\n</tool_call>"\nbody: %json {call}\n'
-    if opened:  # the first call's opening is already written: the grammar starts after it
-        first = 'first: "\\n" body "\\n</tool_call>"'
-        return Constraint("lark", f"start: first{repeat}\n{first}\n{rules}", trigger=TOOL_OPEN)
-    return Constraint.lark(f"start: call{repeat}\n{rules}")
+    more = f"{{0,{MAX_PARALLEL_CALLS - 1}}}"
+    if opened:  # the opening is written (by the model's choice): the grammar starts after it,
+        # with or without newlines around the JSON, since a model trained on either writes either
+        repeat = f' ("\\n"? call){more}' if parallel else ""
+        return Constraint("lark", f'start: first{repeat}\nfirst: "\\n"? body "\\n"? "</tool_call>"\n'
+                                  f'call: "{TOOL_OPEN}" first\nbody: %json {call}\n', trigger=TOOL_OPEN)  # fmt: skip
+    repeat = f' ("\\n" call){more}' if parallel else ""
+    return Constraint.lark(f'start: call{repeat}\ncall: "{TOOL_OPEN}\\n" body "\\n</tool_call>"\nbody: %json {call}\n')
 
 
 class ConstraintMasks:
