@@ -331,3 +331,32 @@ def test_async_rollouts_through_the_gateway_train_one_step_behind(tmp_path) -> N
     rl_trainer(recipe, tmp_path).train(on_step=lambda step, metrics: steps.append(metrics))
     assert [m["policy/staleness"] for m in steps] == [0.0, 1.0]
     assert abs(steps[0]["policy/ratio_mean"] - 1.0) < 1e-4 < abs(steps[1]["policy/ratio_mean"] - 1.0)
+
+
+def test_one_rl_step_from_the_smolagents_example(tmp_path) -> None:
+    """smolagents' ToolCallingAgent re-renders its memory each step (calls as text, results
+    as user turns), so each call is a segment of its own: trained on all the same."""
+    from ponder.config import load_recipe
+    from ponder.jobs.parts import rl_trainer
+
+    recipe = load_recipe("recipes/gateway_math.yaml", [
+        "model.name=tiny", "train.steps=1", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
+        "rollout.sampling.max_new_tokens_per_turn=200", "rollout.sampling.max_total_tokens=4000",
+        "env.options.tasks_from.options.n_train=8", "env.options.tasks_from.options.n_eval=4", "lora.r=2",
+        "lora.alpha=4", "sft.steps=0", "env.options.agent=examples.agents.smolagents_agent:run"])  # fmt: skip
+    trainer = rl_trainer(recipe, tmp_path)
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.close()
+    assert metrics["gateway/episodes"] == 4.0 and metrics["gateway/segments"] >= 4.0
+    assert metrics["gateway/rewrites"] >= 1.0  # a rewritten history is split, never re-tokenised
+
+
+def test_the_smolagents_teacher_ends_with_final_answer() -> None:
+    from examples.agents.smolagents_agent import demonstration
+
+    task = {"answers": ["59"], "oracle_actions": ["<calculator>40 + 19</calculator>"]}
+    call, final = demonstration(task)
+    assert '"expression": "40 + 19"' in call and json.loads(final.split("\n")[1]) == {
+        "name": "final_answer", "arguments": {"answer": "59"}}
