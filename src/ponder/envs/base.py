@@ -162,13 +162,15 @@ class EnvSpec:
 
 
 EnvBuilder = Callable[[EnvContext], EnvSpec]
-ENVS: Registry[EnvBuilder] = Registry("environment")
+# stepped: the rollout engine steps its episodes (False: an agent program drives them
+# through the gateway, envs/gateway.py)
+ENVS: Registry[EnvBuilder] = Registry("environment", traits={"stepped": True})
 
 
-def register_env(name: str) -> Callable[[EnvBuilder], EnvBuilder]:
+def register_env(name: str, **traits: Any) -> Callable[[EnvBuilder], EnvBuilder]:
     """Decorator: make `builder` available to recipes as `env.kind: name` (a name
-    already taken by another builder is refused)."""
-    return ENVS.register(name)
+    already taken by another builder is refused); traits as ENVS declares them."""
+    return ENVS.register(name, **traits)
 
 
 def resolve_env(kind: str) -> EnvBuilder:

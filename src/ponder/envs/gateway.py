@@ -109,7 +109,7 @@ class ProgramDriven:
                            "(ponder train / ponder eval start it); there is no environment to step")  # fmt: skip
 
 
-@register_env("gateway")
+@register_env("gateway", stepped=False)
 def build_gateway(ctx: EnvContext) -> EnvSpec:
     """An agent program trained through the gateway (see the module docstring and
     GatewayOptions). Reward component: `program` (weight 1), what the program reported."""
