@@ -198,3 +198,20 @@ def test_a_triggered_constraint_is_free_until_the_call_opens_then_governs_it(pol
         assert compact.matcher is None or compact.matcher.allowed()[token]  # no newlines around the JSON: fine too
         backend._record(compact, token, 0.0, [])
     assert compact.matcher.accepting()
+
+
+@pytest.mark.parametrize("decoder", ["auto", "transformers"])
+def test_constrained_rows_also_report_the_unmasked_logprobs(policy, decoder):
+    """Generation.policy_logprobs: the sampled tokens under the policy's own distribution
+    (what a trainer that does not replay the grammar recomputes); free rows have none."""
+    from ponder.models.logprobs import token_logprobs
+
+    context = policy.tokenizer.encode("hello there")
+    digits = GenerationRequest("a", context, 12, Constraint.regex("[0-9]{12}"))
+    constrained, free = _backend(policy, decoder=decoder).generate([digits, GenerationRequest("b", context, 12)], [])
+    ids = torch.tensor([context + constrained.token_ids])
+    with torch.no_grad():
+        recomputed = token_logprobs(policy.model, ids, torch.ones_like(ids))[0, len(context) - 1 :]
+    assert (recomputed - torch.tensor(constrained.policy_logprobs)).abs().max() < 1e-4
+    assert (recomputed - torch.tensor(constrained.logprobs)).abs().max() > 0.1  # the masked ones differ
+    assert free.policy_logprobs is None

@@ -37,12 +37,15 @@ class Generation:
     finish_reason: `stop` (a stop string appeared), `eos` (end-of-turn token),
     `length` (max_new_tokens reached), `abort` (the `hf` backend's `on_token` ended it).
     logprobs[i] is log p(token_ids[i]) under the sampling distribution.
+    policy_logprobs: for a constrained request (hf backend), log p(token_ids[i]) under the
+    policy's own distribution, before the grammar's mask; None otherwise.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    policy_logprobs: list[float] | None = None
 
 
 class GenerationBackend(Protocol):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,6 +58,8 @@ class _Row:
     finish_reason: str = ""
     matcher: Matcher | None = None  # the request's constraint, where it has one (and it is on)
     waiting: bool = False  # the constraint has a trigger the row has not written yet
+    # log p(token) under the policy's own, unmasked distribution (rows with a constraint)
+    policy_logprobs: list[float] = field(default_factory=list)
 
 
 class HFBackend:
@@ -138,7 +140,9 @@ class HFBackend:
         batch = list(range(len(rows)))  # rows[batch[j]] is batch row j
         live = list(range(len(rows)))  # batch rows still generating
         while True:
+            unmasked = self._unmasked(rows, batch, live, logits)  # before the mask changes logits in place
             token_list, logprob_list, tokens = self._sample(self._constrain(logits, rows, batch, live))
+            self._book_unmasked(rows, batch, unmasked, tokens)
             live = self._book(rows, batch, live, token_list, logprob_list, stop_strings, cache, attention_mask)
             if not live:
                 break
@@ -185,8 +189,10 @@ class HFBackend:
         batch = list(range(len(rows)))  # rows[batch[j]] is step row j
         live = list(range(len(rows)))  # step rows still generating
         while live:
+            unmasked = self._unmasked(rows, batch, live, logits)  # before the mask changes logits in place
             logits = self._constrain(logits, rows, batch, live)
             tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
+            self._book_unmasked(rows, batch, unmasked, tokens)
             sampled = _HostCopy(torch.stack([tokens.double(), logprobs.double()]))
             logits = step(tokens)  # queued behind the copy: runs while this loop books the rows
             token_list, logprob_list = sampled.wait()
@@ -236,6 +242,29 @@ class HFBackend:
         for j in live:
             matchers[j] = rows[batch[j]].matcher
         return mask_logits(logits, matchers)
+
+    def _unmasked(self, rows: list[_Row], batch: list[int], live: list[int],
+                  logits: torch.Tensor) -> tuple[list[int], torch.Tensor] | None:  # fmt: skip
+        """The live constrained rows and their log-softmax before the grammar's mask
+        (at the sampling temperature), or None when no live row has a constraint."""
+        constrained = [j for j in live if rows[batch[j]].request.constraint is not None]
+        if not constrained:
+            return None
+        chosen = logits[torch.tensor(constrained, device=logits.device)].float()
+        temperature = self.sampling.temperature
+        return constrained, torch.log_softmax(chosen if temperature <= 0 else chosen / temperature, dim=-1)
+
+    def _book_unmasked(self, rows: list[_Row], batch: list[int], unmasked: tuple[list[int], torch.Tensor] | None,
+                       tokens: torch.Tensor) -> None:  # fmt: skip
+        """Each constrained row's sampled token's logprob under the unmasked distribution
+        (Generation.policy_logprobs): what a trainer that does not replay the row's
+        grammar recomputes."""
+        if unmasked is None:
+            return
+        constrained, logprobs = unmasked
+        picked = tokens[torch.tensor(constrained, device=tokens.device)].unsqueeze(-1)
+        for j, logprob in zip(constrained, logprobs.gather(-1, picked).squeeze(-1).tolist()):
+            rows[batch[j]].policy_logprobs.append(logprob)
 
     def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float], torch.Tensor]:
         tokens, logprobs = sample_tokens(logits, self.sampling.temperature, self.sampling.top_p, self.generator)
@@ -353,7 +382,8 @@ class HFBackend:
 
     def _to_generation(self, row: _Row) -> Generation:
         text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
-        return Generation(row.token_ids, row.logprobs, text, row.finish_reason)
+        unmasked = row.policy_logprobs[: len(row.token_ids)] if row.request.constraint is not None else None
+        return Generation(row.token_ids, row.logprobs, text, row.finish_reason, unmasked)
 
     def _left_pad(self, contexts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(c) for c in contexts)

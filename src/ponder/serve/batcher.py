@@ -66,7 +66,8 @@ class Job:
 class JobResult:
     """finish_reason: `stop` (end of turn or a stop string), `length`, or `abort`.
     adapter: the PEFT adapter that generated it (the job's name resolved; None: the base).
-    logprobs[i]: log p(token_ids[i]) under the distribution sampled (what the gateway records)."""
+    logprobs[i]: log p(token_ids[i]) under the distribution sampled; policy_logprobs: under
+    the policy's own distribution, before a constraint's mask (constrained jobs, hf backend)."""
 
     token_ids: list[int]
     text: str
@@ -74,6 +75,7 @@ class JobResult:
     stopped: bool
     adapter: str | None = None
     logprobs: list[float] = field(default_factory=list)
+    policy_logprobs: list[float] | None = None
 
 
 class Batcher:
@@ -201,4 +203,5 @@ def job_result(job: Job, generation: Generation) -> JobResult:
         reason = "stop"
     else:
         reason = "abort" if generation.finish_reason == "abort" else "length"
-    return JobResult(generation.token_ids, generation.text, reason, job.stopped, logprobs=generation.logprobs)
+    return JobResult(generation.token_ids, generation.text, reason, job.stopped, logprobs=generation.logprobs,
+                     policy_logprobs=generation.policy_logprobs)  # fmt: skip

@@ -110,8 +110,13 @@ class Session:
 
     def record(self, messages: list[dict[str, Any]], prompt_ids: list[int], result: Any, reply_text: str) -> Call:
         """Keep one generated reply (a serve/batcher JobResult; `reply_text` the text the
-        program is sent) as a call."""
-        call = Call(f"call-{len(self.calls)}", list(prompt_ids), list(result.token_ids), list(result.logprobs),
+        program is sent) as a call. A reply sampled under a constraint (tool_choice,
+        response_format) is recorded with the policy's own logprobs, before the grammar's
+        mask: the trainer recomputes unmasked logprobs (it does not replay serve's
+        per-call grammars), so these keep its importance ratio exact at the sampling
+        weights; the grammar's forced tokens are then trained as the policy's choice."""
+        logprobs = result.policy_logprobs if result.policy_logprobs is not None else result.logprobs
+        call = Call(f"call-{len(self.calls)}", list(prompt_ids), list(result.token_ids), list(logprobs),
                     self.serving, result.text, result.finish_reason, tool_calls=_PARSER.parse(reply_text).calls)  # fmt: skip
         self.calls.append(call)
         self._messages.append([dict(m) for m in messages])
