@@ -36,26 +36,18 @@ def bearer(request: Request) -> str | None:
 def create_gateway_app(server: ModelServer, sessions: Sessions, max_staleness: int | None = None) -> FastAPI:
     """ponder serve's app with the session routes added (see module docstring)."""
     app = create_app(server)
-    limit = server.config.max_body_bytes
+    _add_control_routes(app, sessions, server.config.max_body_bytes)
+    _add_call_routes(app, server, sessions, max_staleness)
+    return app
+
+
+def _add_control_routes(app: FastAPI, sessions: Sessions, limit: int) -> None:
+    """Open, show, reward and end sessions."""
 
     def admin(request: Request) -> None:
         if not sessions.is_admin(bearer(request)):
             raise APIError(401, "this route needs the gateway's admin key (Authorization: Bearer KEY)",
                            "invalid_api_key", kind="authentication_error")  # fmt: skip
-
-    def session_for_calls(request: Request, session_id: str, model: str) -> Session:
-        session = sessions.authorized(session_id, bearer(request), admin_allowed=False)
-        if session.ended:
-            raise APIError(409, f"session {session_id} has ended", "session_ended")
-        if model not in (POLICY_NAME, server.base_name):
-            raise APIError(404, f"the model {model!r} does not exist; a session serves {POLICY_NAME!r}",
-                           "model_not_found", param="model")  # fmt: skip
-        behind = sessions.version - session.version
-        if max_staleness is not None and behind > max_staleness:
-            raise APIError(429, f"session {session_id} started {behind} weight versions ago (the bound is "
-                                f"{max_staleness}); end it and open a new one", "stale_session")  # fmt: skip
-        session.serving = sessions.version
-        return session
 
     @app.post("/v1/sessions")
     async def open_session(request: Request) -> dict[str, Any]:
@@ -87,6 +79,25 @@ def create_gateway_app(server: ModelServer, sessions: Sessions, max_staleness: i
         session.ended = True
         return {"id": session.id, "ended": True, "calls": len(session.calls)}
 
+
+def _add_call_routes(app: FastAPI, server: ModelServer, sessions: Sessions, max_staleness: int | None) -> None:
+    """A session program's OpenAI routes: its own key, the policy's name, fresh enough."""
+    limit = server.config.max_body_bytes
+
+    def session_for_calls(request: Request, session_id: str, model: str) -> Session:
+        session = sessions.authorized(session_id, bearer(request), admin_allowed=False)
+        if session.ended:
+            raise APIError(409, f"session {session_id} has ended", "session_ended")
+        if model not in (POLICY_NAME, server.base_name):
+            raise APIError(404, f"the model {model!r} does not exist; a session serves {POLICY_NAME!r}",
+                           "model_not_found", param="model")  # fmt: skip
+        behind = sessions.version - session.version
+        if max_staleness is not None and behind > max_staleness:
+            raise APIError(429, f"session {session_id} started {behind} weight versions ago (the bound is "
+                                f"{max_staleness}); end it and open a new one", "stale_session")  # fmt: skip
+        session.serving = sessions.version
+        return session
+
     @app.get("/sessions/{session_id}/v1/models")
     async def models(request: Request, session_id: str) -> dict[str, Any]:
         sessions.authorized(session_id, bearer(request), admin_allowed=False)
@@ -103,5 +114,3 @@ def create_gateway_app(server: ModelServer, sessions: Sessions, max_staleness: i
         body = parse_request(await read_json(request, limit), CompletionRequest)
         session = session_for_calls(request, session_id, body.model)
         return await text_completion(server, body.model_copy(update={"model": server.base_name}), session)
-
-    return app
