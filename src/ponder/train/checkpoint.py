@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import sys
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -166,16 +167,18 @@ def restore_training_state(
     return state["trainer"]
 
 
-class Resumable:
+class Resumable(ABC):
     """save() / resume() for a supervised trainer holding run_dir, step, policy,
     optimizer and scheduler: it gives its own state with `trainer_state()` (a dict with
     "step") and takes it back with `load_trainer_state(state)`."""
 
+    @abstractmethod
     def trainer_state(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The trainer's own state to checkpoint (with "step")."""
 
+    @abstractmethod
     def load_trainer_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Take back what trainer_state() gave (the step is already restored)."""
 
     def save(self) -> Path:
         return save_training_state(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
