@@ -170,6 +170,9 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     group_id: str = ""
     stop_reason: str = ""
+    # The grammar its actions were sampled under (a ponder.rollout.constrain.Constraint,
+    # rollout.constrain), for the trainer to replay; kept in memory, not written to files.
+    constraint: Any = None
 
     @property
     def final_answer(self) -> str | None:
@@ -199,6 +202,7 @@ class Trajectory:
         """A flat dict for Parquet: turns as a list of structs, arguments as JSON text,
         breakdown and metrics as lists of {"key", "value"} structs (see _parquet_schema)."""
         row = asdict(self)
+        del row["constraint"]
         row["turns"] = [_turn_row(t) for t in self.turns]
         row["breakdown"] = [{"key": k, "value": v} for k, v in self.breakdown.items()]
         row["metrics"] = [{"key": k, "value": v} for k, v in self.metrics.items()]

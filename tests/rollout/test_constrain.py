@@ -6,6 +6,7 @@ validate."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -215,3 +216,40 @@ def test_constrained_rows_also_report_the_unmasked_logprobs(policy, decoder):
     assert (recomputed - torch.tensor(constrained.policy_logprobs)).abs().max() < 1e-4
     assert (recomputed - torch.tensor(constrained.logprobs)).abs().max() > 0.1  # the masked ones differ
     assert free.policy_logprobs is None
+
+
+def test_the_trainer_replays_a_triggered_constraint_as_it_was_sampled(policy):
+    """Rows of a triggered constraint (free until the trigger, then a grammar), each row
+    its own (or none) as rollout.constrain `tools` gives each episode: the masks the
+    trainer rebuilds from the sampled tokens (ConstraintMasks) give back the recorded,
+    masked logprobs, so the importance ratio at the sampling weights is 1."""
+    from ponder.models.forward import forward_policy
+    from ponder.rollout.constrain import constraint_masks
+
+    tokenizer = policy.tokenizer
+    digits, letters = Constraint("regex", "[0-9]{4}", trigger="e"), Constraint("regex", "[xyz]{3}", trigger="a")
+    constraints = [digits, letters, None, digits]
+    context = tokenizer.encode("say something")
+    backend = HFBackend(policy, SamplingConfig(temperature=1.0), seed=0, reuse_kv=False)
+    requests = [GenerationRequest(str(i), context, 24, c) for i, c in enumerate(constraints)]
+    generations = backend.generate(requests, [])
+    after = [g.text.split(c.trigger, 1)[1] for g, c in zip(generations, constraints) if c and c.trigger in g.text]
+    assert any(re.fullmatch("[0-9]{1,4}|[xyz]{1,3}", text) for text in after)  # a grammar took over
+    width = len(context) + max(len(g.token_ids) for g in generations)
+    input_ids = torch.full((len(generations), width), tokenizer.pad_token_id)
+    attention, loss_mask = torch.zeros_like(input_ids), torch.zeros((len(generations), width - 1))
+    recorded = torch.zeros((len(generations), width - 1))
+    for row, g in enumerate(generations):
+        n = len(context) + len(g.token_ids)
+        input_ids[row, :n] = torch.tensor(context + g.token_ids)
+        attention[row, :n] = 1
+        loss_mask[row, len(context) - 1 : n - 1] = 1
+        recorded[row, len(context) - 1 : n - 1] = torch.tensor(g.logprobs)
+    masks = constraint_masks(policy)(input_ids, loss_mask, constraints)
+    with torch.no_grad():
+        replayed, _, _ = forward_policy(policy.model, input_ids, attention, 1.0, None, loss_mask, masks=masks)
+        free, _, _ = forward_policy(policy.model, input_ids, attention, 1.0, None, loss_mask)
+    on = loss_mask.bool()
+    assert (replayed[on] - recorded[on]).abs().max() < 2e-4
+    assert (free[on] - recorded[on]).abs().max() > 0.1  # the switched-on rows were masked
+    assert constraint_masks(policy)(input_ids, loss_mask, [None] * 4) is None

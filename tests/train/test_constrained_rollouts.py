@@ -48,3 +48,26 @@ def test_a_bad_constraint_is_a_one_line_error():
         load_recipe(None, ["rollout.constrain.kind=grammar", "rollout.constrain.source=x"])
     with pytest.raises(ValueError, match="rollout.constrain.source: a regex is needed"):
         load_recipe(None, ["rollout.constrain.kind=regex"])
+
+
+def test_kind_tools_constrains_each_episode_to_its_own_tools(tmp_path):
+    """rollout.constrain.kind=tools: every episode's actions carry the grammar of the
+    tools its environment offered (a call opened is a call to one of them), which the
+    trainer replays; the ratio at the sampling weights stays 1 and a step trains."""
+    from ponder.rollout.constrain import tool_calls
+
+    overrides = [o for o in TINY if not o.startswith("rollout.constrain")] + ["rollout.constrain.kind=tools"]
+    trainer = rl_trainer(load_recipe(None, overrides), tmp_path, reward=lambda t, task: (1.0, {}))
+    trajectories, _ = trainer.engine.run(trainer.sampler.next_batch(2))
+    env = trainer.env_factory()
+    offered = env.reset(trainer.sampler.next_batch(1)[0]).tools
+    assert offered and all(t.constraint == tool_calls(offered, None, True, True, opened=True) for t in trajectories)
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
+    assert batch.constraints == [t.constraint for t in trajectories]
+    assert batch.select([1]).constraints == [trajectories[1].constraint]
+    mask = batch.loss_mask.bool()
+    replayed = forward_pass_no_grad(trainer.policy, batch, 4, 1.0, masks_for=trainer.masks_for)
+    assert torch.allclose(replayed[mask], batch.old_logprobs[mask], atol=2e-4)
+    metrics = trainer.train_step()
+    assert all(torch.isfinite(torch.tensor(metrics[k])) for k in ("loss/policy", "optim/grad_norm"))
+    assert "constraint" not in trajectories[0].to_row()  # in memory only, never written

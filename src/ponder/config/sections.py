@@ -107,17 +107,27 @@ class ConstrainConfig:
     sampling weights stays exactly 1.
 
     kind: `none`, `regex`, `json_schema` or `lark` (llguidance's EBNF, which may embed
-        JSON Schemas with `%json`).
-    source: the regex, the JSON Schema (a mapping, or JSON text) or the Lark grammar.
+        JSON Schemas with `%json`) for every action; or `tools`: each episode's own
+        tools (those its environment offers), the action free until the model opens
+        a `<tool_call>`, the call then sampled to name one of them with arguments of
+        its schema (a refusal in plain text stays possible).
+    source: the regex, the JSON Schema (a mapping, or JSON text) or the Lark grammar
+        (not used by `tools`).
+    strict: `tools`: arguments must match the schemas exactly; false compiles them
+        leniently (schema keywords the grammar library lacks are ignored, not refused).
+    parallel: `tools`: several calls in one action (up to 8); false: one.
     """
 
     kind: str = "none"
     source: str | dict[str, Any] = ""
+    strict: bool = True
+    parallel: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind not in ("none", "regex", "json_schema", "lark"):
-            raise ValueError(f"rollout.constrain.kind: unknown '{self.kind}'; valid: json_schema, lark, none, regex")
-        if self.kind != "none" and not self.source:
+        if self.kind not in ("none", "regex", "json_schema", "lark", "tools"):
+            raise ValueError(f"rollout.constrain.kind: unknown '{self.kind}'; valid: json_schema, lark, none, "
+                             "regex, tools")  # fmt: skip
+        if self.kind not in ("none", "tools") and not self.source:
             raise ValueError(f"rollout.constrain.source: a {self.kind} is needed with kind {self.kind}")
 
 

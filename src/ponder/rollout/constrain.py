@@ -19,7 +19,6 @@ and the one its recorded logprob belongs to.
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import weakref
@@ -93,10 +92,14 @@ TOOL_OPEN = "<tool_call>"  # where a Hermes call opens (tool_calls' trigger unde
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def action_constraint(config: Any) -> Constraint | None:
-    """The constraint of a recipe's rollout.constrain (a ConstrainConfig), or None."""
+def action_constraint(config: Any, tools: list[Any] | None = None) -> Constraint | None:
+    """The constraint of a recipe's rollout.constrain (a ConstrainConfig) for an episode
+    offered `tools` (ToolSpecs), or None: kind `tools` is `tool_calls` of the episode's
+    own tools, switched on where the model opens a call (none without tools)."""
     if config.kind == "none":
         return None
+    if config.kind == "tools":
+        return tool_calls(tools, None, config.strict, config.parallel, opened=True) if tools else None
     if config.kind == "json_schema" and isinstance(config.source, dict):
         return Constraint.json_schema(config.source)
     return Constraint(config.kind, config.source)
@@ -229,48 +232,94 @@ def tool_calls(tools: list[Any], name: str | None = None, strict: bool = True, p
     return Constraint.lark(f'start: call{repeat}\ncall: "{TOOL_OPEN}\\n" body "\\n</tool_call>"\nbody: %json {call}\n')
 
 
+def opened(grammars: Grammars, tokenizer: Any, constraint: Constraint, action_ids: list[int]) -> tuple[bool, Matcher | None]:
+    """A triggered constraint after the action's latest token: (whether the action's
+    text has now written the trigger, the matcher that governs the rest), the text after
+    the trigger in the same token fed in; the matcher is None where that text already
+    breaks the grammar (the action stays free). The sampler (rollout/hf.py) and the
+    trainer's replay (ConstraintMasks) both switch on here, so they agree token for token."""
+    tail = tokenizer.decode(action_ids[-TRIGGER_WINDOW_TOKENS:], skip_special_tokens=False)
+    if constraint.trigger not in tail:
+        return False, None
+    matcher = grammars.matcher(constraint)
+    for token in tokenizer.encode(tail[tail.rindex(constraint.trigger) + len(constraint.trigger) :],
+                                  add_special_tokens=False):  # fmt: skip
+        if not matcher.allowed()[token]:
+            return True, None
+        matcher.advance(token)
+    return True, matcher
+
+
+# How many of an action's latest tokens are decoded to look for a trigger.
+TRIGGER_WINDOW_TOKENS = 16
+
+
 class ConstraintMasks:
     """The masks a batch's actions were sampled under, for the trainer to apply again:
     every run of policy tokens (loss_mask 1) in a row is one action, sampled under a
-    fresh matcher of `constraint`, so replaying the sampled tokens through the grammar
+    fresh matcher of the row's constraint (switched on at its trigger, if it has one,
+    as the sampler does: `opened`), so replaying the sampled tokens through the grammar
     gives each token's mask. Masked logprobs are then the distribution the token was
     drawn from (masked and renormalised), and the importance ratio at the sampling
     weights is exactly 1, as without a constraint.
 
-    input_ids [B, L], loss_mask [B, L-1] (1 where input_ids[:, t+1] was sampled)."""
+    input_ids [B, L], loss_mask [B, L-1] (1 where input_ids[:, t+1] was sampled),
+    constraints: one per row (None: the row was sampled freely)."""
 
-    def __init__(self, grammars: Grammars, constraint: Constraint, input_ids: torch.Tensor,
-                 loss_mask: torch.Tensor) -> None:  # fmt: skip
-        self.grammars, self.constraint = grammars, constraint
+    def __init__(self, grammars: Grammars, tokenizer: Any, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                 constraints: list[Constraint | None]) -> None:  # fmt: skip
+        self.grammars, self.tokenizer, self.constraints = grammars, tokenizer, constraints
         self.targets = input_ids[:, 1:].tolist()
         self.loss_mask = loss_mask.bool().tolist()
 
     def at(self, keep: torch.Tensor, width: int) -> torch.Tensor:
         """A bool [B, K, width]: the tokens allowed at each of the K positions `keep`
-        (all of them where a row has no policy token, or its grammar has ended)."""
+        (all of them where a row has no policy token, no constraint, or its grammar is
+        not on)."""
         column = {position: k for k, position in enumerate(keep.tolist())}
         allowed = np.ones((len(self.targets), len(column), width), dtype=bool)
-        for row, (targets, policy) in enumerate(zip(self.targets, self.loss_mask)):
-            matcher: Matcher | None = None
-            for position, sampled in enumerate(policy):
-                if not sampled:
-                    matcher = None  # the action ended; the next one starts a fresh grammar
-                    continue
-                matcher = matcher or self.grammars.matcher(self.constraint)
-                if matcher.done:
-                    continue
-                known = min(width, matcher.vocab_size)
-                allowed[row, column[position], :known] = matcher.allowed()[:known]
-                allowed[row, column[position], known:] = False
-                matcher.advance(targets[position])
+        for row, constraint in enumerate(self.constraints):
+            if constraint is not None:
+                self._replay(allowed[row], constraint, self.targets[row], self.loss_mask[row], column)
         return torch.from_numpy(allowed)
 
+    def _replay(self, allowed: np.ndarray, constraint: Constraint, targets: list[int], policy: list[bool],
+                column: dict[int, int]) -> None:  # fmt: skip
+        """One row's masks (allowed [K, width], filled in place), action by action."""
+        matcher: Matcher | None = None
+        waiting = False
+        action: list[int] = []
+        for position, sampled in enumerate(policy):
+            if not sampled:  # the action ended; the next one starts afresh
+                matcher, waiting, action = None, False, []
+                continue
+            if not action:
+                waiting = bool(constraint.trigger)
+                matcher = None if waiting else self.grammars.matcher(constraint)
+            if matcher is not None:
+                known = min(allowed.shape[-1], matcher.vocab_size)
+                allowed[column[position], :known] = matcher.allowed()[:known]
+                allowed[column[position], known:] = False
+            token = targets[position]
+            action.append(token)
+            if matcher is not None and not matcher.done:
+                matcher.advance(token)
+            elif waiting:
+                waiting, matcher = opened(self.grammars, self.tokenizer, constraint, action)
+                waiting = not waiting
 
-def constraint_masks(constraint: Constraint | None, policy: Any, eos_ids: Any = None) -> Any:
-    """`masks_for(input_ids, loss_mask)` -> ConstraintMasks of `constraint` for the
-    policy's tokenizer (the grammars its sampler compiled), or None without one."""
-    if constraint is None:
-        return None
+
+def constraint_masks(policy: Any, eos_ids: Any = None) -> Any:
+    """`masks_for(input_ids, loss_mask, constraints)` -> the ConstraintMasks of a batch
+    whose rows were sampled under `constraints` (one per row, from each trajectory),
+    for the policy's tokenizer (the grammars its sampler compiled); None when no row
+    has one."""
     eos = eos_ids if eos_ids is not None else {policy.tokenizer.eos_token_id}
-    grammars = grammars_for(policy.tokenizer, eos, policy.model.config.vocab_size)
-    return functools.partial(ConstraintMasks, grammars, constraint)
+
+    def masks_for(input_ids: torch.Tensor, loss_mask: torch.Tensor, constraints: Any) -> ConstraintMasks | None:
+        if not constraints or all(c is None for c in constraints):
+            return None
+        grammars = grammars_for(policy.tokenizer, eos, policy.model.config.vocab_size)
+        return ConstraintMasks(grammars, policy.tokenizer, input_ids, loss_mask, list(constraints))
+
+    return masks_for

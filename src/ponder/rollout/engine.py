@@ -57,7 +57,6 @@ class RolloutEngine:
         self.tokenizer = backend.tokenizer
         self.env_factory = env_factory
         self.config = config
-        self.constraint = action_constraint(config.constrain)  # every action's, or None
 
     def run(
         self, tasks: list[Task], on_episode_done: Callable[[Trajectory], None] | None = None
@@ -111,6 +110,7 @@ class RolloutEngine:
             raise
         prompt_ids = encode_chat(self.tokenizer, opening.messages)
         trajectory = Trajectory(task_id=task.id, prompt_ids=prompt_ids, group_id=task.id)
+        trajectory.constraint = action_constraint(self.config.constrain, opening.tools)
         return _Episode(f"{task.id}#{sample}", task, env, trajectory, list(prompt_ids))
 
     def _round(self, active: list[_Episode], stats: RolloutStats) -> list[tuple[_Episode, bool]]:
@@ -124,7 +124,8 @@ class RolloutEngine:
                 episode.trajectory.stop_reason = "max_tokens"
                 results.append((episode, True))
             else:
-                runnable.append((episode, GenerationRequest(episode.key, episode.context, budget, self.constraint)))
+                request = GenerationRequest(episode.key, episode.context, budget, episode.trajectory.constraint)
+                runnable.append((episode, request))
         if not runnable:
             return results
         stop_strings = runnable[0][0].env.stop_strings

@@ -39,7 +39,7 @@ from ponder.models.cpu_threads import cpu_block
 from ponder.models.loading import Policy
 from ponder.models.memory import trim_heap
 from ponder.rollout.backend import Generation, GenerationRequest, first_stop, sample_tokens
-from ponder.rollout.constrain import Matcher, grammars_for, mask_logits
+from ponder.rollout.constrain import Matcher, grammars_for, mask_logits, opened
 from ponder.rollout.graph_decode import GraphStep
 from ponder.rollout.kv import KVStore, RowKV, SlabCache, past_length
 from ponder.rollout.llama_decode import LlamaDecoder, lean_decoder
@@ -222,18 +222,9 @@ class HFBackend:
 
     def _switch_on(self, row: _Row) -> None:
         """A triggered constraint: once the row's text has written the trigger, its
-        grammar governs the rest (the text after the trigger in the same token fed in)."""
-        trigger = row.request.constraint.trigger
-        tail = self.tokenizer.decode(row.token_ids[-_STOP_WINDOW_TOKENS:], skip_special_tokens=False)
-        if trigger not in tail:
-            return
-        row.waiting = False
-        matcher = self._grammars().matcher(row.request.constraint)
-        for token in self.tokenizer.encode(tail[tail.rindex(trigger) + len(trigger) :], add_special_tokens=False):
-            if not matcher.allowed()[token]:
-                return  # what came with the trigger already breaks the grammar: the row stays free
-            matcher.advance(token)
-        row.matcher = matcher
+        grammar governs the rest (ponder.rollout.constrain.opened)."""
+        found, row.matcher = opened(self._grammars(), self.tokenizer, row.request.constraint, row.token_ids)
+        row.waiting = not found
 
     @staticmethod
     def _constrain(logits: torch.Tensor, rows: list[_Row], batch: list[int], live: list[int]) -> torch.Tensor:

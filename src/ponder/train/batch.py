@@ -28,6 +28,8 @@ class TokenBatch:
     old_from_forward: the update is one pass over the batch at the current weights, so
     the trainer's old log-probs are its own forward's, detached (train/update.py), and
     old_logprobs holds the sampler's until then.
+    constraints: per row, the grammar its actions were sampled under
+    (Trajectory.constraint, rollout.constrain), or None when no row had one.
     """
 
     input_ids: torch.Tensor
@@ -45,6 +47,7 @@ class TokenBatch:
     returns: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
     old_from_forward: bool = False
+    constraints: list | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -74,6 +77,8 @@ class TokenBatch:
                 value = value[:, : length - 1]
             picked[f.name] = value
         picked["group_ids"] = [self.group_ids[i] for i in indices]
+        if self.constraints is not None:
+            picked["constraints"] = [self.constraints[i] for i in indices]
         return TokenBatch(**picked)
 
 
@@ -114,9 +119,10 @@ def collate(trajectories: list[Trajectory], pad_id: int) -> TokenBatch:
         per_turn[row, : len(rewards)] = torch.tensor(rewards)
         turn_mask[row, : len(rewards)] = 1
     rewards = torch.tensor([t.reward if t.reward is not None else float("nan") for t in trajectories])
+    constraints = [t.constraint for t in trajectories]
     return TokenBatch(
         input_ids, attention_mask, loss_mask, old_logprobs, turn_ids, rewards, per_turn, turn_mask,
-        [t.group_id for t in trajectories],
+        [t.group_id for t in trajectories], constraints=constraints if any(constraints) else None,
     )  # fmt: skip
 
 

@@ -165,7 +165,7 @@ class RLTrainer:
         self.demonstrations: list[Trajectory] = []  # algo.sft_coef's anchor (use_demonstrations)
         self.engine = build_engine(backend, env_factory, recipe.rollout)
         # rollout.constrain: the masks actions were sampled under, applied again by every pass
-        self.masks_for = constraint_masks(self.engine.constraint, policy, getattr(backend, "eos_ids", None))
+        self.masks_for = constraint_masks(policy, getattr(backend, "eos_ids", None))
         self.rollouts: Rollouts = LocalRollouts(self.engine)
         hidden = self.policy.model.config.hidden_size
         needs_values = ADVANTAGES.trait(recipe.algo.advantage, "needs_values")

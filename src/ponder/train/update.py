@@ -45,7 +45,8 @@ class UpdateInputs:
     log-probs are taken at, the KL coefficient now, the optimizer with its
     schedule, parameters and clipping norm, and the step's demonstrations (with
     algo.sft_coef > 0: their SFT loss joins every optimizer step). `masks_for(input_ids,
-    loss_mask)`: the masks actions were sampled under (rollout.constrain), or None."""
+    loss_mask, constraints)`: the masks actions were sampled under (rollout.constrain),
+    or None."""
 
     policy: Policy
     value_head: ValueHead | None
@@ -58,7 +59,7 @@ class UpdateInputs:
     scheduler: Any
     max_grad_norm: float | None
     demonstrations: TokenBatch | None = None
-    masks_for: Callable[[torch.Tensor, torch.Tensor], Any] | None = None
+    masks_for: Callable[..., Any] | None = None
 
 
 @torch.no_grad()
@@ -68,7 +69,7 @@ def forward_pass_no_grad(
     micro_batch_size: int,
     temperature: float,
     value_head: ValueHead | None = None,
-    masks_for: Callable[[torch.Tensor, torch.Tensor], Any] | None = None,
+    masks_for: Callable[..., Any] | None = None,
 ) -> torch.Tensor:
     """Value estimates (with value_head), or else the model's logprobs as it is now
     (the reference's inside the trainer's reference context), [B, L-1], in micro-batches;
@@ -78,7 +79,7 @@ def forward_pass_no_grad(
         rows = list(range(start, min(start + micro_batch_size, len(batch))))
         part = batch.select(rows).to(policy.device)
         with cpu_block():  # fewer while other processes hold the cores
-            masks = masks_for(part.input_ids, part.loss_mask) if masks_for is not None else None
+            masks = masks_for(part.input_ids, part.loss_mask, part.constraints) if masks_for is not None else None
             logprobs, _, values = forward_policy(
                 policy.model, part.input_ids, part.attention_mask, temperature, value_head, part.loss_mask,
                 masks=masks,
@@ -89,7 +90,7 @@ def forward_pass_no_grad(
 
 
 def recompute_old_logprobs(policy: Policy, batch: TokenBatch, micro_batch_size: int, temperature: float,
-                           masks_for: Callable[[torch.Tensor, torch.Tensor], Any] | None = None) -> dict[str, float]:
+                           masks_for: Callable[..., Any] | None = None) -> dict[str, float]:
     """For a sampler whose kernels are not the trainer's (vLLM, a bf16 decoder): its
     log-probs move to batch.sampler_logprobs, old_logprobs become the trainer's own
     (the PPO ratio's denominator; the TIS weight corrects for the gap); returns the gap
@@ -195,7 +196,7 @@ def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
 def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
     algo, loss_cfg = inputs.algo, inputs.loss
     mask = part.loss_mask
-    masks = inputs.masks_for(part.input_ids, mask) if inputs.masks_for is not None else None
+    masks = inputs.masks_for(part.input_ids, mask, part.constraints) if inputs.masks_for is not None else None
     logprobs, entropy, values = forward_policy(
         inputs.policy.model, part.input_ids, part.attention_mask, inputs.temperature, inputs.value_head, mask,
         with_entropy=True, entropy_grad=algo.entropy_coef > 0, masks=masks,
