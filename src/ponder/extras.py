@@ -3,7 +3,7 @@
 `pip install ponder` installs the core: train, evaluate, demo, plot and report on the
 shipped recipes (search-QA retrieves with BM25). A feature that needs more names its
 extra in pyproject.toml's [project.optional-dependencies] (`serve`, `retrieval`, `rag`,
-`mcp`, `tracking`, `ray`; `all` for every one) and imports its packages through
+`mcp`, `tracking`, `ray`, `tinker`; `all` for every one) and imports its packages through
 `require` where it first needs them, never at the top of a module that a core command
 imports: `import ponder` and the core commands work without any extra
 (tests/test_extras.py runs them with the optional packages hidden).
@@ -24,6 +24,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "mcp": ("mcp",),
     "tracking": ("tensorboard", "wandb"),
     "ray": ("ray",),
+    "tinker": ("tinker",),
 }
 
 

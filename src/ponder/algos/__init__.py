@@ -36,6 +36,7 @@ from ponder.algos.losses import (
     sampler_mismatch,
     tis_weights,
     value_loss,
+    weighted_nll,
 )
 from ponder.algos.utils import masked_mean, masked_sum, masked_var, masked_whiten
 from ponder.registry import Registry
@@ -73,4 +74,5 @@ __all__ = [
     "sampler_mismatch",
     "tis_weights",
     "value_loss",
+    "weighted_nll",
 ]

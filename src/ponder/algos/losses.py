@@ -121,6 +121,20 @@ def ppo_loss(logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig):
     return _zero_off(loss, loss_mask), metrics
 
 
+@POLICY_LOSSES.register("importance_sampling")
+def importance_sampling_loss(logprobs, old_logprobs, advantages, loss_mask, cfg: LossConfig):
+    """Importance-weighted policy gradient without clipping: loss = −ρ·A with
+    ρ = exp(logprobs − old_logprobs) (log-ratio clamped to ±20). Shapes [B, T]; 0 where
+    loss_mask is 0. Tinker's `importance_sampling` (old_logprobs: the sampler's).
+
+    At ρ = 1 its gradient is vanilla's, −A·∇log π; unlike `ppo` it keeps following the
+    ratio once the policy has moved. Metrics as `ppo` with clip_fraction 0.
+    """
+    ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    loss = _zero_off(-advantages * ratio, loss_mask)
+    return loss, {"clip_fraction": 0.0, **_ratio_metrics(logprobs, old_logprobs, loss_mask)}
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -171,6 +185,16 @@ def demonstration_nll(logprobs: torch.Tensor, mask: torch.Tensor, tokens: float)
     in (AlgoConfig.sft_coef, InstructGPT's PPO-ptx).
     """
     return -(logprobs * mask).sum() / max(tokens, 1.0)
+
+
+def weighted_nll(logprobs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood per token scaled by a real weight: −weights · logprobs.
+
+    logprobs, weights: [B, T] (or [T]); a weight of 0 (prompt, padding) drops the
+    token, and weights need not be 0/1. Its sum is Tinker's `cross_entropy`; with a
+    0/1 mask and the sum divided by the mask's, it is `demonstration_nll`.
+    """
+    return _zero_off(-weights * logprobs, weights != 0)
 
 
 def tis_weights(

@@ -543,6 +543,9 @@ def _register_package_commands(commands: Any) -> None:
     from ponder.cli.personal import register as register_personal_command
 
     register_personal_command(commands)  # `personal`
+    from ponder.cli.tinker import register as register_tinker_command
+
+    register_tinker_command(commands)  # `tinker-serve`
 
 
 def _add_mcp_serve_command(commands: Any) -> None:

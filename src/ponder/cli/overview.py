@@ -19,7 +19,8 @@ NAME_COLUMN = 19  # "  bench-injection  " — the longest name and its margins
 GROUPS: dict[str, tuple[str, ...]] = {
     "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge"),
     "evaluate": ("eval", "report", "plot", "gain", "bench-agent", "bench-injection"),
-    "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve"),
+    "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
+                      "tinker-serve"),
     "tools and data": ("tools", "gen-tasks"),
     "experiments": ("needle", "refine"),
 }
@@ -55,6 +56,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "personal": ("ponder personal list --users ~/.ponder-users",),
     "serve-retriever": ("ponder serve-retriever --recipe recipes/search_qa.yaml --port 8000",),
     "mcp-serve": ("ponder mcp-serve --transport http --tools calculator,python",),
+    "tinker-serve": ("ponder tinker-serve --model smollm2-135m --port 8000",),
     "tools": ('ponder tools search "convert 100 dollars to euros" --index runs/tools/index',),
     "gen-tasks": ("ponder gen-tasks --out runs/tasks",),
     "needle": ("ponder needle --rope yarn --factor 4 --lengths 1x,2x,4x --out needle.json",),
