@@ -130,6 +130,18 @@ class HFBackend:
         with cpu_block():
             return self._generate(requests, stop_strings)
 
+    def continuous(self) -> bool:
+        """Whether rows can join a running batch here (ponder.rollout.continuous): the
+        eager decode loop, not the GPU's static-shape steps."""
+        return not self._graphed(self.sampling_model())
+
+    def generate_continuous(self, first: list[GenerationRequest], admit: Callable[[int], list[GenerationRequest]],
+                            done: Callable[[GenerationRequest, Generation], None], max_batch: int) -> int:  # fmt: skip
+        """Continuous batching (ponder.rollout.continuous.generate_continuous)."""
+        from ponder.rollout.continuous import generate_continuous
+
+        return generate_continuous(self, first, admit, done, max_batch)
+
     @torch.no_grad()
     def _generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         model = self.sampling_model()

@@ -67,6 +67,20 @@ class _SlabLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._n
 
+    def join(self, keep: torch.Tensor, other: _SlabLayer) -> None:
+        """Rows `keep` of this layer, then every row of `other`, both right-aligned at
+        the wider of the two pasts (continuous batching: rows joining a running batch)."""
+        n, m = self._n, other._n
+        width, room = max(n, m), max(self._k.shape[2] - n, other._k.shape[2] - m)
+        for name in ("_k", "_v"):
+            mine, theirs = getattr(self, name)[keep], getattr(other, name)
+            joined = mine.new_zeros(len(mine) + len(theirs), mine.shape[1], width + room, mine.shape[-1])
+            joined[: len(mine), :, width - n : width] = mine[:, :, :n]
+            joined[len(mine) :, :, width - m : width] = theirs[:, :, :m]
+            setattr(self, name, joined)
+        self._n = width
+        self._views()
+
     def row(self, index: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Row `index`'s keys and values at the given slots (a copy)."""
         return self._k[index, :, slots].clone(), self._v[index, :, slots].clone()
@@ -90,6 +104,12 @@ class SlabCache(Cache):
 
     def row(self, index: int, slots: torch.Tensor) -> RowKV:
         return [layer.row(index, slots) for layer in self.layers]
+
+    def join(self, keep: torch.Tensor, other: SlabCache) -> None:
+        """Keep rows `keep` and append `other`'s rows after them, every layer (see
+        _SlabLayer.join); attention masks are joined alike by `join_masks`."""
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.join(keep, theirs)
 
     def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's whole (keys, values) storage [B, H, capacity, D], after the first
@@ -129,6 +149,14 @@ class KVStore:
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def join_masks(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """Two attention masks [B, n] and [B', m] as one [B + B', max(n, m)], each
+    left-padded with zeros: the slot layout of SlabCache.join."""
+    width = max(mine.shape[1], theirs.shape[1])
+    pad = [torch.nn.functional.pad(mask, (width - mask.shape[1], 0)) for mask in (mine, theirs)]
+    return torch.cat(pad, dim=0)
 
 
 def past_length(past: RowKV | None) -> int:

@@ -2,11 +2,14 @@
 
 One worker thread owns the backend. It takes the oldest waiting job, gathers every
 job that arrives within `window_s` (or is already waiting) and can share its batch,
-up to `max_batch`, and generates them in one `backend.generate` call. Jobs share a
-batch when they use the same adapter and the same sampling settings (the backend
-samples a batch with one temperature and top-p); the rest wait for the next batch,
-oldest first. A batch runs to its end (the backend has no continuous batching): what
-arrives meanwhile forms the next one.
+up to `max_batch`, and generates them together. Jobs share a batch when they use the
+same adapter and the same sampling settings (the backend samples a batch with one
+temperature and top-p). The batch is continuous where the backend decodes eagerly
+(ponder.rollout.continuous): a job that arrives while it runs joins it at the next
+decode step, and each job's result is set the step its row ends; jobs of another
+adapter or sampling wait, and while one waits nothing more joins, so the batch drains
+and theirs is next. Elsewhere (the GPU's static-shape steps, a scripted backend) a
+batch runs to its end and what arrives meanwhile forms the next one.
 
 Per job, through the backend's `on_token` hook: its own stop strings end its row
 (so jobs with different `stop` share a batch), streaming jobs get the text so far
@@ -93,6 +96,7 @@ class Batcher:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._waiting: deque[Job] = deque()
         self._running: dict[str, Job] = {}
+        self._stopping = False
         self.lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="ponder-serve-batcher", daemon=True)
         backend.on_token = self._observe
@@ -146,25 +150,78 @@ class Batcher:
 
     def _generate(self, batch: list[Job]) -> None:
         first = batch[0]
-        requests = [GenerationRequest(job.key, job.context_ids, job.max_new_tokens, job.constraint) for job in batch]
         with self.lock:
             adapter = self.backend.resolve(first.adapter)
             self.backend.adapter = adapter
             self.backend.sampling = dataclasses.replace(self.backend.sampling, temperature=first.temperature,
                                                         top_p=first.top_p)  # fmt: skip
             self._running = {job.key: job for job in batch}
+            decoded = len(batch)
             try:
-                generations = self.backend.generate(requests, [])
+                if self._continuous():
+                    decoded = self.backend.generate_continuous([_request(job) for job in batch],
+                                                               self._admitter(first.batch_key()),
+                                                               self._finisher(adapter), self.max_batch)  # fmt: skip
+                else:
+                    generations = self.backend.generate([_request(job) for job in batch], [])
+                    for job, generation in zip(batch, generations):
+                        self._finisher(adapter)(_request(job), generation)
             except Exception as exc:  # one bad batch must not end the worker: its requests get the error
                 logger.exception("generation failed")
-                for job in batch:
+                for job in self._running.values():
                     job.future.set_exception(exc)
                 return
             finally:
                 self._running = {}
-        self.batch_sizes.append(len(batch))
-        for job, generation in zip(batch, generations):
+        self.batch_sizes.append(decoded)
+
+    def _continuous(self) -> bool:
+        continuous = getattr(self.backend, "continuous", None)
+        return continuous is not None and continuous()
+
+    def _admitter(self, key: tuple[str | None, float, float]) -> Callable[[int], list[GenerationRequest]]:
+        """Continuous batching's `admit`: up to `room` waiting jobs of the running batch's
+        adapter and sampling, oldest first; none once a job of another one waits (the
+        batch then drains, and that job's batch is next) or the worker is told to stop."""
+
+        def admit(room: int) -> list[GenerationRequest]:
+            self._take_queued()
+            if self._stopping or any(job.batch_key() != key for job in self._waiting):
+                return []
+            taken: list[Job] = []
+            while self._waiting and len(taken) < room:
+                job = self._waiting.popleft()
+                if job.cancelled:
+                    job.future.cancel()
+                    self.cancelled += 1
+                elif job.future.set_running_or_notify_cancel():
+                    taken.append(job)
+            self._running.update({job.key: job for job in taken})
+            return [_request(job) for job in taken]
+
+        return admit
+
+    def _take_queued(self) -> None:
+        """Move every job already queued into `_waiting`, without waiting for more."""
+        while not self._stopping:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                self._stopping = True
+                self._queue.put(None)  # the worker stops once this batch has drained
+            else:
+                self._waiting.append(job)
+
+    def _finisher(self, adapter: str | None) -> Callable[[GenerationRequest, Generation], None]:
+        """A row's end: its job's future gets the result at once."""
+
+        def finish(request: GenerationRequest, generation: Generation) -> None:
+            job = self._running.pop(request.key)
             job.future.set_result(dataclasses.replace(self._result(job, generation), adapter=adapter))
+
+        return finish
 
     def _observe(self, request: GenerationRequest, token_ids: list[int]) -> bool:
         """The backend's per-token hook (see module docstring); True ends the row."""
@@ -179,6 +236,10 @@ class Batcher:
     def health(self) -> str | None:
         """None while the worker runs, else why not (for GET /health)."""
         return None if self._thread.is_alive() else "the generation worker has stopped"
+
+
+def _request(job: Job) -> GenerationRequest:
+    return GenerationRequest(job.key, job.context_ids, job.max_new_tokens, job.constraint)
 
 
 def observe_tokens(job: Job, token_ids: list[int], tokenizer: Any) -> bool:

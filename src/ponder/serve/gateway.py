@@ -70,6 +70,13 @@ class LiveBackend:
     def generate(self, requests: list[Any], stop_strings: list[str]) -> list[Any]:
         return self.inner.generate(requests, stop_strings)
 
+    def continuous(self) -> bool:
+        """Whether the batcher can batch continuously (the hf backend's eager loop)."""
+        return hasattr(self.inner, "continuous") and self.inner.continuous()
+
+    def generate_continuous(self, *args: Any) -> int:
+        return self.inner.generate_continuous(*args)
+
 
 class GatewayServer:
     """Sessions over `backend`, served by uvicorn in a thread on host:port (0: any free
