@@ -23,7 +23,7 @@ def ppo_case():
 
 def test_unknown_loss_lists_valid_names():
     logprobs, old, adv, mask = ppo_case()
-    with pytest.raises(ValueError, match=r"^unknown policy loss 'grpo'; valid: ppo, vanilla$"):
+    with pytest.raises(ValueError, match=r"^unknown policy loss 'grpo'; valid: importance_sampling, ppo, vanilla$"):
         policy_loss("grpo", logprobs, old, adv, mask)
 
 

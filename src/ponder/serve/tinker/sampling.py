@@ -102,6 +102,7 @@ class Samplers:
         self._kept: dict[str, deque[str]] = {}  # model id -> its snapshot sources, oldest first
         self._live: OrderedDict[str, HFBackend] = OrderedDict()
         self._scaffolds: dict[tuple[str, LoraLayout], Policy] = {}
+        self._generators: dict[torch.device, torch.Generator] = {}
         self._lock = threading.RLock()
 
     # -- sessions (the event loop's thread) -------------------------------------------
@@ -179,7 +180,13 @@ class Samplers:
 
     def _backend(self, policy: Policy) -> HFBackend:
         """An HFBackend over `policy` with its sampling copy taken now."""
-        backend = HFBackend(policy, SamplingConfig(temperature=1.0, top_p=1.0), seed=self.seed)
+        backend = HFBackend(policy, SamplingConfig(temperature=1.0, top_p=1.0))
+        # One random stream for the server: a new sampler (one per RL step) must not
+        # replay the last one's draws.
+        generator = self._generators.get(policy.device)
+        if generator is None:
+            generator = self._generators[policy.device] = torch.Generator(device=policy.device).manual_seed(self.seed)
+        backend.generator = generator
         backend.sampling_model()
         return backend
 
@@ -223,17 +230,17 @@ class Samplers:
             self.session(call.session_id)  # stale since it was queued: refused
         first = calls[0]
         backend = self.live(first.source)
-        end_of_turn = set(backend.eos_ids)
+        end_of_turn, shared = set(backend.eos_ids), backend.generator
         backend.sampling = replace(backend.sampling, temperature=first.temperature, top_p=first.top_p)
         backend.eos_ids = set(first.stop_ids) if first.stop_ids is not None else end_of_turn
-        if first.seed is not None:
-            backend.generator.manual_seed(first.seed)
+        if first.seed is not None:  # a seeded request draws from its own stream, not the server's
+            backend.generator = torch.Generator(device=shared.device).manual_seed(first.seed)
         requests = [GenerationRequest(uuid.uuid4().hex, list(call.prompt), call.max_tokens)
                     for call in calls for _ in range(call.num_samples)]  # fmt: skip
         try:
             generations = iter(backend.generate(requests, list(first.stop_strings)))
         finally:
-            backend.eos_ids = end_of_turn
+            backend.eos_ids, backend.generator = end_of_turn, shared
             if backend.store is not None:
                 backend.store.clear()
         results = []
