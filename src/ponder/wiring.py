@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from ponder.config import Recipe
-from ponder.envs.base import EnvContext, EnvSpec, load_tasks_from, resolve_env
+from ponder.envs.base import EnvContext, EnvSpec, recipe_tasks, resolve_env
 from ponder.models import Policy
 from ponder.models.chat import encode_chat
 from ponder.rewards import CompositeReward
@@ -18,7 +18,8 @@ from ponder.rewards import CompositeReward
 
 def build_env(recipe: Recipe, tokenizer: Any = None) -> EnvSpec:
     """The recipe's environment: its builder's factory and tasks, with env.train_tasks /
-    env.eval_tasks (JSONL, Parquet or a datasets directory) replacing its own tasks."""
+    env.eval_tasks (JSONL, Parquet, a datasets directory or `hf:…`, read with env.columns,
+    env.transform and env.format) replacing its own tasks."""
     builder = resolve_env(recipe.env.kind)
     ctx = EnvContext(dict(recipe.env.options), tokenizer, recipe, served_tools(recipe))
     spec = builder(ctx)
@@ -29,9 +30,9 @@ def build_env(recipe: Recipe, tokenizer: Any = None) -> EnvSpec:
         raise ValueError(f"env.mcp_servers: env '{recipe.env.kind}' does not use the served tool {unused[0]!r}; "
                          "name the tools it uses under the server's `tools:`")  # fmt: skip
     if recipe.env.train_tasks:
-        spec = replace(spec, train=load_tasks_from(recipe.env.train_tasks))
+        spec = replace(spec, train=recipe_tasks(recipe.env, recipe.env.train_tasks))
     if recipe.env.eval_tasks:
-        spec = replace(spec, eval=load_tasks_from(recipe.env.eval_tasks))
+        spec = replace(spec, eval=recipe_tasks(recipe.env, recipe.env.eval_tasks))
     return spec
 
 

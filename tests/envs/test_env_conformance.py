@@ -27,14 +27,31 @@ HOSTILE = [
 ]
 
 
+def _gsm8k_style_env(directory) -> EnvConfig:
+    """verified_qa takes its tasks only from files: GSM8K-style ones from ponder's problems."""
+    import json
+
+    from ponder.envs.math_tasks import generate_problems, gsm8k_row
+
+    for split, seed in (("train", 0), ("eval", 1)):
+        rows = [gsm8k_row(problem) for problem in generate_problems(seed, 6, [1, 2, 3, 4], None)]
+        (directory / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return EnvConfig(kind="verified_qa", train_tasks=str(directory / "train.jsonl"),
+                     eval_tasks=str(directory / "eval.jsonl"), columns={"answers": "answer", "oracle_actions": "answer"},
+                     options={"extract": "gsm8k", "gold_extract": "gsm8k"})  # fmt: skip
+
+
 @pytest.fixture(scope="module", params=KINDS)
-def built(request):
+def built(request, tmp_path_factory):
     if request.param == "function_calling":
         from ponder.bfcl.bridge import bfcl_python
 
         if not bfcl_python().exists():
             pytest.skip("BFCL's venv is missing: make bfcl-venv")
-    recipe = Recipe(env=EnvConfig(kind=request.param))
+    if request.param == "verified_qa":
+        recipe = Recipe(env=_gsm8k_style_env(tmp_path_factory.mktemp("gsm8k_style")))
+    else:
+        recipe = Recipe(env=EnvConfig(kind=request.param))
     tokenizer = tiny_tokenizer()
     return recipe, build_env(recipe, tokenizer), tokenizer
 

@@ -546,6 +546,9 @@ def _register_package_commands(commands: Any) -> None:
     from ponder.cli.tinker import register as register_tinker_command
 
     register_tinker_command(commands)  # `tinker-serve`
+    from ponder.cli.data import register as register_data_command
+
+    register_data_command(commands)  # `export-data`
 
 
 def _add_mcp_serve_command(commands: Any) -> None:

@@ -21,7 +21,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "evaluate": ("eval", "report", "plot", "gain", "bench-agent", "bench-injection"),
     "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
                       "tinker-serve"),
-    "tools and data": ("tools", "gen-tasks"),
+    "tools and data": ("tools", "gen-tasks", "export-data"),
     "experiments": ("needle", "refine"),
 }
 
@@ -59,6 +59,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "tinker-serve": ("ponder tinker-serve --model smollm2-135m --port 8000",),
     "tools": ('ponder tools search "convert 100 dollars to euros" --index runs/tools/index',),
     "gen-tasks": ("ponder gen-tasks --out runs/tasks",),
+    "export-data": (
+        "ponder export-data runs/vqa --layout trl-messages --out sft.jsonl",
+        "ponder export-data runs/vqa --layout verl-rl --out rl.parquet",
+    ),
     "needle": ("ponder needle --rope yarn --factor 4 --lengths 1x,2x,4x --out needle.json",),
     "refine": ("ponder refine --recipe recipes/math.yaml --sft-from runs/math",),
 }

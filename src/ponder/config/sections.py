@@ -189,7 +189,21 @@ class EnvConfig:
         retriever, max_obs_tokens and max_invalid_actions are listed in
         docs/guide/environments.md).
     train_tasks / eval_tasks: task files (JSONL, Parquet or a saved `datasets`
-        directory) replacing the environment's own tasks; empty = its own.
+        directory) or `hf:NAME[:CONFIG]:SPLIT` (a `datasets` dataset already in the
+        local cache, or a local directory of data files; read offline) replacing the
+        environment's own tasks; empty = its own.
+    columns: task field → the dataset's column for it, e.g. `{question: problem,
+        answers: solution, kind: level, id: uid}` (`a.b`: a nested column); fields:
+        id, question, answers, kind, context, oracle_actions. A single answer (text
+        or a number) becomes a one-item list; rows without an id are numbered after
+        their file or split (train-1, train-2 …).
+    transform: `module:function` called on every dataset row (a dict, its own
+        columns) before the mapping, returning the row to use (None drops it).
+    format: the task files' layout: `ponder` (ponder's task schema), `verl` (verl's
+        RL Parquet: `prompt` messages, `reward_model.ground_truth`, `data_source`,
+        `extra_info.index`), `trl` (TRL's prompt-only or conversational `prompt`,
+        optional `completion`, other columns kept for TRL reward functions) or
+        `auto` (told apart by the columns). docs/guide/data.md has each.
     mcp_servers: MCP servers whose tools the environment gets in place of its own
         tools of the same name (math's `calculator`, search-QA's `search`), each
         `{name, command: [words]}` (stdio) or `{name, url}` (streamable HTTP), plus
@@ -203,6 +217,9 @@ class EnvConfig:
     options: dict[str, Any] = field(default_factory=dict)
     train_tasks: str = ""
     eval_tasks: str = ""
+    columns: dict[str, str] = field(default_factory=dict)
+    transform: str = ""
+    format: str = "auto"
     mcp_servers: list = field(default_factory=list)
     max_turns: int = 4
 

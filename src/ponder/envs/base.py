@@ -44,12 +44,10 @@ come from `env.train_tasks` / `env.eval_tasks`).
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, Self, runtime_checkable
 
 from ponder.plugins import import_object
@@ -193,8 +191,8 @@ def _class_builder(cls: type) -> EnvBuilder:
 
     def build(ctx: EnvContext) -> EnvSpec:
         env_cfg = ctx.recipe.env if ctx.recipe is not None else None
-        train = load_tasks_from(env_cfg.train_tasks) if env_cfg is not None and env_cfg.train_tasks else []
-        evaluation = load_tasks_from(env_cfg.eval_tasks) if env_cfg is not None and env_cfg.eval_tasks else []
+        train = recipe_tasks(env_cfg, env_cfg.train_tasks) if env_cfg is not None and env_cfg.train_tasks else []
+        evaluation = recipe_tasks(env_cfg, env_cfg.eval_tasks) if env_cfg is not None and env_cfg.eval_tasks else []
         if not train and not evaluation:
             raise ValueError(f"env.kind {cls.__name__}: give env.train_tasks and/or env.eval_tasks (JSONL, Parquet "
                              "or a saved datasets directory)")  # fmt: skip
@@ -214,48 +212,27 @@ def _load_builtin_envs() -> None:
 # Modules whose import registers ponder's own environments.
 BUILTIN_ENV_MODULES: list[str] = [
     "ponder.envs.search_qa", "ponder.envs.math", "ponder.envs.code", "ponder.envs.function_calling",
-    "ponder.envs.gateway",
+    "ponder.envs.gateway", "ponder.envs.verified_qa",
 ]  # fmt: skip
 
 
-def load_tasks_from(source: str | os.PathLike[str]) -> list[Task]:
-    """Tasks from a JSONL file, a Parquet file or a saved `datasets` directory.
+def load_tasks_from(source: str | os.PathLike[str], spec: Any = None) -> list[Task]:
+    """Tasks from a JSONL file, a Parquet file, a saved `datasets` directory or
+    `hf:NAME[:CONFIG]:SPLIT` (a dataset in the local cache), read as `spec` (a
+    ponder.envs.formats.TaskSource: env.columns, env.transform, env.format) says.
 
     Schema: `id` (non-empty), `question` (non-empty text), and optionally `answers`
     (list of strings), `kind`, `context`, `oracle_actions` (list of strings),
-    `metadata` (object); other columns go into metadata. A bad row raises
-    TaskFileError naming the file and row."""
-    from ponder.envs.taskfile import TaskFileError, parse_task_row
+    `metadata` (object); other columns go into metadata. verl's and TRL's layouts and
+    other column names are mapped onto it (ponder.envs.formats). A bad row raises
+    TaskFileError naming the file and row; no rows at all is one too."""
+    from ponder.envs.formats import load_source
 
-    path = Path(source)
-    if path.suffix == ".jsonl" or path.suffix == ".json":
-        from ponder.envs.taskfile import load_tasks
-
-        return load_tasks(path)
-    try:
-        if path.is_dir():
-            from datasets import load_from_disk
-
-            rows = list(load_from_disk(str(path)))
-        elif path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            rows = pq.read_table(path).to_pylist()
-        else:
-            raise TaskFileError(f"{path}: unknown task file type (use .jsonl, .parquet or a datasets directory)")
-    except (OSError, ValueError) as err:
-        if isinstance(err, TaskFileError):
-            raise
-        raise TaskFileError(f"{path}: cannot read tasks ({str(err).splitlines()[0]})") from None
-    return [parse_task_row(_decoded(row), f"{path}:row {index}") for index, row in enumerate(rows, start=1)]
+    return load_source(source, spec)
 
 
-def _decoded(row: dict[str, Any]) -> dict[str, Any]:
-    """Parquet and datasets columns hold nested values as JSON text at times (metadata)."""
-    out = dict(row)
-    if isinstance(out.get("metadata"), str):
-        try:
-            out["metadata"] = json.loads(out["metadata"])
-        except json.JSONDecodeError:
-            pass
-    return out
+def recipe_tasks(env_cfg: Any, source: str | os.PathLike[str]) -> list[Task]:
+    """The tasks of `source` read with the recipe's env.columns, env.transform and env.format."""
+    from ponder.envs.formats import TaskSource
+
+    return load_tasks_from(source, TaskSource(dict(env_cfg.columns), env_cfg.transform, env_cfg.format))

@@ -171,6 +171,13 @@ def _step_text(joiner: str, label: str, expression: str, value: int) -> str:
     return f"{label}{joiner}{expression} = {value}." if label else f"{expression} = {value}."
 
 
+def gsm8k_row(problem: Problem) -> dict[str, str]:
+    """The problem as a GSM8K-style row: `question`, and `answer` holding the worked
+    steps, one per line, then `#### <answer>` (for verified_qa and data examples)."""
+    steps = "\n".join(_step_text(problem.joiner, *step) for step in problem.steps)
+    return {"question": problem.question, "answer": f"{steps}\n#### {problem.answer}"}
+
+
 def generate_problems(seed: int, count: int, levels: Sequence[int], weights: Sequence[float] | None,
                       exclude: set[str] | None = None) -> list[Problem]:  # fmt: skip
     """`count` problems with distinct question texts (none in `exclude`), each level

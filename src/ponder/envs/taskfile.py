@@ -26,13 +26,20 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict[str, Any]]) ->
 def load_tasks(path: str | os.PathLike[str], require_answers: bool = True) -> list[Task]:
     """Read tasks ({"id", "question", "answers", ...} per line); blank lines are skipped.
     Unknown keys go into metadata. Raises TaskFileError for the first bad line."""
+    return parse_task_rows(read_jsonl(path, TaskFileError, "task file"), require_answers)
+
+
+def parse_task_rows(rows: Iterable[tuple[str, Any]], require_answers: bool = False) -> list[Task]:
+    """Tasks from ("file:line" or "file:row N", row) pairs; TaskFileError for the first
+    bad row or a task id seen before."""
     tasks: list[Task] = []
-    first_line_of: dict[str, str] = {}
-    for where, row in read_jsonl(path, TaskFileError, "task file"):
+    first_seen: dict[str, str] = {}
+    for where, row in rows:
         task = parse_task_row(row, where, require_answers)
-        if task.id in first_line_of:
-            raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first on line {first_line_of[task.id]})")
-        first_line_of[task.id] = where.rsplit(":", 1)[1]
+        if task.id in first_seen:
+            raise TaskFileError(f"{where}: duplicate task id {task.id!r} (first on {first_seen[task.id]})")
+        place = where.rsplit(":", 1)[1]
+        first_seen[task.id] = place if place.startswith("row ") else f"line {place}"
         tasks.append(task)
     return tasks
 

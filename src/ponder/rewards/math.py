@@ -67,7 +67,7 @@ def last_number(text: str) -> Fraction | None:
     return values[-1] if values else None
 
 
-def _last_boxed(text: str) -> str | None:
+def last_boxed(text: str) -> str | None:
     """The content of the last \\boxed{...}, braces balanced (\\boxed{\\frac{3}{4}})."""
     starts = list(_BOXED.finditer(text))
     if not starts:
@@ -90,7 +90,7 @@ def extract_answer(text: str) -> Fraction | None:
     """The answer a text gives, in order of how explicitly it was marked:
     the last `\\boxed{…}`, else the last `<answer>…</answer>`, else the first number
     after the last "the answer is", else the last number in the text; None if none."""
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return _as_number(boxed)
     tags = _ANSWER_TAG.findall(text)
