@@ -41,3 +41,28 @@ def test_slab_cache_grows_past_its_capacity_and_selects_rows():
     assert torch.equal(cache.layers[0].keys, torch.cat(chunks, dim=2)[1:])
     row = cache.row(0, torch.tensor([0, 72]))
     assert torch.equal(row[0][0], torch.cat(chunks, dim=2)[1, :, [0, 72]])
+
+
+def test_a_store_with_a_capacity_keeps_other_keys_and_drops_the_oldest():
+    store = KVStore(capacity=2)
+    for key in "abc":
+        store.put(key, [1, 2], kv(2))
+    assert len(store) == 2  # "a", stored first, made room for "c"
+    (past,) = store.take_all(["b"], [[1, 2, 3]])
+    assert past_length(past) == 2 and len(store) == 1  # "c" was not requested and stays
+    assert store.take_all(["a"], [[1, 2, 3]]) == [None]
+
+
+def test_slab_caches_join_right_aligned_at_the_wider_past():
+    mine = SlabCache(n_layers=1, capacity=6, pasts=[kv(2, layers=1, value=1.0), kv(3, layers=1, value=2.0)],
+                     past_width=3)  # fmt: skip
+    mine.layers[0].update(torch.full((2, 1, 1, 2), 5.0), torch.full((2, 1, 1, 2), 5.0))  # 4 slots now
+    theirs = SlabCache(n_layers=1, capacity=8, pasts=[kv(5, layers=1, value=3.0)], past_width=5)
+    theirs.layers[0].update(torch.full((1, 1, 1, 2), 9.0), torch.full((1, 1, 1, 2), 9.0))  # 6 slots
+    mine.join(torch.tensor([1]), theirs)  # keep row 1 of mine, then theirs
+    keys = mine.layers[0].keys
+    assert keys.shape == (2, 1, 6, 2) and mine.get_seq_length() == 6
+    assert keys[0, 0, :, 0].tolist() == [0.0, 0.0, 2.0, 2.0, 2.0, 5.0]  # mine's row 1, padded on the left
+    assert keys[1, 0, :, 0].tolist() == [3.0] * 5 + [9.0]
+    keys, _ = mine.layers[0].update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2))  # room left to append
+    assert keys.shape == (2, 1, 7, 2)

@@ -63,9 +63,12 @@ def test_a_two_call_session_is_one_token_exact_trajectory(gateway, policy) -> No
     first = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, temperature=0.0)
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "user", "content": "Are you sure?"})
+    reused = gateway.batcher.backend.inner.reused_tokens
     client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=500)
     session = gateway.sessions.get(opened["id"])
     one, two = session.calls
+    # the second call read only what the first had not: its keys and values were kept
+    assert gateway.batcher.backend.inner.reused_tokens - reused == len(one.prompt_ids) + len(one.completion_ids) - 1
     assert two.prompt_ids[: len(one.prompt_ids) + len(one.completion_ids)] == one.prompt_ids + one.completion_ids
     assert len(two.completion_ids) <= 12  # the session's cap, not the request's 500
     (trajectory,) = session.trajectories()

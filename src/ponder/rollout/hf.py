@@ -78,6 +78,7 @@ class HFBackend:
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.eos_ids = _eos_ids(policy)
         self.store = KVStore() if reuse_kv else None
+        self.reused_tokens = 0  # context tokens whose keys and values came from the store, not a prefill
         self._sampler: Any = None
         # Called after every sampled token with the row's request and its tokens so far;
         # True ends that row now, finish_reason "abort" (a server streams text through
@@ -344,6 +345,7 @@ class HFBackend:
         if self.store is None:
             return [None] * len(requests)
         pasts = self.store.take_all([r.key for r in requests], [r.context_ids for r in requests])
+        self.reused_tokens += sum(past_length(p) for p in pasts)
         fresh = [i for i, r in enumerate(requests) if pasts[i] is None and len(r.context_ids) > 1]
         if not fresh:
             return pasts

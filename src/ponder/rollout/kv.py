@@ -16,6 +16,7 @@ index never has to equal a position.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -125,26 +126,34 @@ class _Entry:
 
 class KVStore:
     """Per-episode caches between calls. An entry is used once, by the next request
-    with the same key whose context extends the entry's tokens; entries of keys not
-    requested in a call are dropped (that episode ended)."""
+    with the same key whose context extends the entry's tokens. Without a `capacity`
+    (rollouts), entries of keys not requested in a call are dropped (that episode
+    ended); with one (the gateway's sessions, whose calls arrive one by one and join a
+    running batch), they stay, the least recently stored dropped beyond `capacity`."""
 
-    def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+    def __init__(self, capacity: int | None = None) -> None:
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self.capacity = capacity
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def put(self, key: str, tokens: list[int], kv: RowKV) -> None:
         self._entries[key] = _Entry(tokens, kv)
+        self._entries.move_to_end(key)
+        while self.capacity is not None and len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
 
     def take_all(self, keys: list[str], contexts: list[list[int]]) -> list[RowKV | None]:
-        """For each request, its cached past (or None); the store is empty afterwards."""
+        """For each request, its cached past (or None); what the requests' keys held is
+        gone afterwards (and, without a capacity, everything else too)."""
         pasts: list[RowKV | None] = []
         for key, context in zip(keys, contexts):
-            entry = self._entries.get(key)
+            entry = self._entries.pop(key, None)
             usable = entry is not None and len(entry.tokens) < len(context)
             pasts.append(entry.kv if usable and context[: len(entry.tokens)] == entry.tokens else None)
-        self._entries.clear()
+        if self.capacity is None:
+            self._entries.clear()
         return pasts
 
     def clear(self) -> None:

@@ -35,6 +35,7 @@ from ponder.config import RolloutConfig, SamplingConfig
 from ponder.envs.gateway import PROGRAM_REWARD, GatewayOptions, ProgramDriven
 from ponder.plugins import import_object
 from ponder.rollout.engine import RolloutStats, finalise
+from ponder.rollout.kv import KVStore
 from ponder.serve.batcher import Batcher
 from ponder.serve.engine import ModelServer, ServeConfig
 from ponder.serve.session_routes import POLICY_NAME, create_gateway_app
@@ -42,11 +43,14 @@ from ponder.serve.sessions import Session, Sessions, SessionSampling
 from ponder.types import Task, Trajectory, Turn
 
 
-# How long a batch waits for more calls to join it. Wider than ponder serve's 5 ms: the
-# calls of many programs arrive over HTTP spread out, and a batch runs to its end, so a
-# call that misses it waits a whole batch (bench/gateway_overhead.py: at 32 concurrent
-# episodes 0.67x of the native engine with 5 ms, 0.90x with 50 ms).
+# How long a batch waits for more calls to join it before it starts. Wider than ponder
+# serve's 5 ms: the calls of many programs arrive over HTTP spread out (measured before
+# batching was continuous, bench/gateway_overhead.py: at 32 concurrent episodes 0.67x of
+# the native engine with 5 ms, 0.90x with 50 ms).
 BATCH_WINDOW_S = 0.05
+# Sessions whose last call's keys and values are kept for their next call (~25 MB each at
+# 600 tokens of the embedded model).
+SESSION_KV_ENTRIES = 32
 
 
 class LiveBackend:
@@ -56,6 +60,8 @@ class LiveBackend:
     def __init__(self, backend: Any) -> None:
         self.inner = backend
         self.adapter: str | None = None
+        if getattr(backend, "store", None) is not None:  # a session's next call reuses its last one's keys and
+            backend.store = KVStore(capacity=SESSION_KV_ENTRIES)  # values, kept while other sessions' calls run
         if not hasattr(backend, "sampling"):  # a scripted teacher samples nothing: the batcher still sets it
             backend.sampling = SamplingConfig(temperature=0.0)
 
