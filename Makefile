@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ponder-installed
 
-.PHONY: install sysdeps demo demo-quick test test-slow bench-setup bench bench-smoke bfcl-venv vllm-venv clean
+.PHONY: install sysdeps demo demo-quick data-files demo-verified-qa test test-slow bench-setup bench bench-smoke bfcl-venv vllm-venv clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ demo: install
 # The same pipeline, small: a smoke check in a few minutes.
 demo-quick: install
 	$(VENV)/bin/ponder demo --recipe recipes/demo.yaml --quick --out runs/demo-quick
+
+# Your own question -> answer file through the verifier (docs/guide/data.md): one task set
+# from ponder's generated problems as GSM8K-style JSONL, verl Parquet and a TRL prompt
+# dataset (runs/data/), then base -> SFT -> RL on the GSM8K-style file.
+data-files: install
+	$(PY) examples/data/write_files.py --out runs/data
+
+demo-verified-qa: data-files
+	$(VENV)/bin/ponder demo --recipe recipes/verified_qa.yaml --out runs/verified_qa
 
 # The suite's tests each use one BLAS thread (tests/conftest.py): TEST_WORKERS processes
 # (pytest-xdist) run them side by side, one per core of the 2-core CI machine.

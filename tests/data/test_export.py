@@ -42,7 +42,7 @@ def run(tmp_path):
     recipe = load_recipe(None, ["env.kind=verified_qa", f"env.train_tasks={tasks}", f"env.eval_tasks={tasks}",
                                 "env.columns={answers: answer}", "env.options={extract: gsm8k, gold_extract: gsm8k}"])
     spec = build_env(recipe)
-    replies = {"gsm-1": ["6 * 7 = 42\n#### 42", "#### 41"], "gsm-2": ["#### 4", "2 + 3 = 5\n#### 5"]}
+    replies = {"gsm-0": ["6 * 7 = 42\n#### 42", "#### 41"], "gsm-1": ["#### 4", "2 + 3 = 5\n#### 5"]}
     scripts = {task_id: [replies[task_id].pop(0)] for task_id in replies}
     rollout = RolloutConfig(group_size=1, batch_size=2, sampling=SamplingConfig(max_new_tokens_per_turn=64))
     first, _ = RolloutEngine(ScriptedBackend(tiny_tokenizer(), scripts), spec.factory, rollout).run(spec.eval)
@@ -77,7 +77,7 @@ def test_episodes_export_as_verl_sft(run, tmp_path):
     out = tmp_path / "verl_sft.parquet"
     assert export_data(str(run), "verl-sft", str(out), min_reward=1.0, data_source="mine") == 2
     row = _read(out)[0]
-    assert row["data_source"] == "mine" and row["extra_info"] == {"split": "train", "index": 0, "id": "gsm-1:gsm-1"}
+    assert row["data_source"] == "mine" and row["extra_info"] == {"split": "train", "index": 0, "id": "gsm-0:gsm-0"}
     assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
 
 
@@ -89,7 +89,7 @@ def test_tasks_round_trip_through_verl_and_trl_layouts(run, tmp_path):
     row = _read(verl)[0]
     assert row["reward_model"] == {"style": "rule", "ground_truth": ROWS[0]["answer"]}
     assert row["prompt"][-1] == {"role": "user", "content": "What is 6 * 7?"} and row["data_source"] == "qa"
-    assert row["extra_info"] == {"split": "eval", "index": 0, "id": "gsm-1", "question": "What is 6 * 7?",
+    assert row["extra_info"] == {"split": "eval", "index": 0, "id": "gsm-0", "question": "What is 6 * 7?",
                                  "answers": [ROWS[0]["answer"]]}  # fmt: skip
     back = load_tasks_from(verl)  # ponder reads its own export as verl data
     assert [(t.id, t.question, t.answers, t.kind) for t in back] == [(t.id, t.question, t.answers, t.kind)
@@ -99,7 +99,7 @@ def test_tasks_round_trip_through_verl_and_trl_layouts(run, tmp_path):
     assert export_data(None, "trl-prompt", str(trl), recipe, split="eval") == 2
     assert _read(trl)[1] == {"prompt": [{"role": "system", "content": OPENING},
                                         {"role": "user", "content": "What is 2 + 3?"}],
-                             "answers": [ROWS[1]["answer"]], "id": "gsm-2", "kind": "qa"}  # fmt: skip
+                             "answers": [ROWS[1]["answer"]], "id": "gsm-1", "kind": "qa"}  # fmt: skip
     again = load_tasks_from(trl, TaskSource({"answers": "answers"}))
     assert [(t.id, t.question, t.answers) for t in again] == [(t.id, t.question, t.answers) for t in tasks]
 

@@ -41,10 +41,11 @@ def test_the_three_layouts_hold_the_same_tasks(files, monkeypatch):
     for name in RECIPES:
         spec = build_env(_recipe(name, files))
         env = spec.factory()
-        seen[name] = [[(env.reset(t).messages, t.kind, t.oracle_actions) for t in split]
+        seen[name] = [[(t.id, env.reset(t).messages, t.kind, t.oracle_actions) for t in split]
                       for split in (spec.train, spec.eval)]  # fmt: skip
     assert seen["verified_qa"] == seen["verified_qa_verl"] == seen["verified_qa_trl"]
     assert [len(split) for split in seen["verified_qa"]] == [12, 6]
+    assert [t[0] for t in seen["verified_qa"][1]] == [f"eval-{i}" for i in range(6)]  # ids pair across runs
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

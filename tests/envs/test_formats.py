@@ -63,7 +63,7 @@ def test_nested_columns_oracles_and_numbered_rows(tmp_path):
     rows = [{"q": {"text": "2+2?"}, "gold": [4, "four"], "worked": "2 + 2 = 4\n#### 4"}]
     source = _jsonl(tmp_path / "nested.jsonl", rows)
     (task,) = load_tasks_from(source, TaskSource({"question": "q.text", "answers": "gold", "oracle_actions": "worked"}))
-    assert (task.id, task.question, task.answers, task.oracle_actions) == ("nested-1", "2+2?", ["4", "four"],
+    assert (task.id, task.question, task.answers, task.oracle_actions) == ("nested-0", "2+2?", ["4", "four"],
                                                                            ["2 + 2 = 4\n#### 4"])  # fmt: skip
 
 
@@ -146,7 +146,7 @@ def test_a_transform_sees_the_dataset_row_and_may_drop_rows(tmp_path, transforms
     source = _jsonl(tmp_path / "gsm.jsonl", GSM_ROWS)
     spec = TaskSource({"question": "problem", "answers": "gold"}, f"{transforms}:gold_after_hashes")
     (task,) = load_tasks_from(source, spec)
-    assert (task.id, task.answers, task.metadata["solution"]) == ("gsm-1", ["12"], "7 + 5 = 12.\n#### 12")
+    assert (task.id, task.answers, task.metadata["solution"]) == ("gsm-0", ["12"], "7 + 5 = 12.\n#### 12")
 
 
 def test_a_failing_transform_names_the_row(tmp_path, transforms):
@@ -265,8 +265,8 @@ def test_a_trl_prompt_only_dataset_keeps_its_columns(tmp_path):
             {"prompt": "What is 2 + 3?", "solution": "5", "source": "mine"}]  # fmt: skip
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "trl"))
     tasks = load_tasks_from(tmp_path / "trl", TaskSource({"answers": "solution"}))
-    assert [(t.id, t.question, t.answers) for t in tasks] == [("trl-1", "What is 6 * 7?", ["42"]),
-                                                              ("trl-2", "What is 2 + 3?", ["5"])]  # fmt: skip
+    assert [(t.id, t.question, t.answers) for t in tasks] == [("trl-0", "What is 6 * 7?", ["42"]),
+                                                              ("trl-1", "What is 2 + 3?", ["5"])]  # fmt: skip
     assert tasks[0].metadata == {"prompt": "What is 6 * 7?", "columns": {"solution": "42", "source": "mine"}}
 
 

@@ -49,7 +49,7 @@ def test_a_gsm8k_style_file_trains_through_the_verifier(gsm_file):
     spec = build_env(recipe)
     reward = build_reward(recipe, spec)
     assert reward.weights == {"correct": 1.0, "extracted": 0.0}
-    assert [t.id for t in spec.train] == ["gsm-1", "gsm-2"] and spec.train[0].oracle_actions == [ROWS[0]["answer"]]
+    assert [t.id for t in spec.train] == ["gsm-0", "gsm-1"] and spec.train[0].oracle_actions == [ROWS[0]["answer"]]
     env = spec.factory()
     assert env.reset(spec.train[0]).messages == [{"role": "system", "content": INSTRUCTIONS["gsm8k"]},
                                                  {"role": "user", "content": ROWS[0]["question"]}]  # fmt: skip

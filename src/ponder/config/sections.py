@@ -196,7 +196,7 @@ class EnvConfig:
         answers: solution, kind: level, id: uid}` (`a.b`: a nested column); fields:
         id, question, answers, kind, context, oracle_actions. A single answer (text
         or a number) becomes a one-item list; rows without an id are numbered after
-        their file or split (train-1, train-2 …).
+        their file or split from 0 (train-0, train-1 …).
     transform: `module:function` called on every dataset row (a dict, its own
         columns) before the mapping, returning the row to use (None drops it).
     format: the task files' layout: `ponder` (ponder's task schema), `verl` (verl's

@@ -22,10 +22,11 @@ with one line naming the file, and the row and column where there is one:
 
 After a mapping or a verl / TRL layout, a single answer (text or a number) is a
 one-item list, a number-valued kind or id is text, a text oracle is a one-item list,
-and a row with no id is numbered after its file or split (`train-1`, `train-2` …).
-A verl or TRL row keeps what the layout says in metadata: `messages` (the opening
-chat, used as is by the environment), `prompt` (TRL's prompt as given) and `columns`
-(the row's other columns, for TRL-signature rewards).
+and a row with no id is numbered after its file or split from 0 (`train-0`,
+`train-1` …, as verl numbers each split's `extra_info.index`). A verl or TRL row
+keeps what the layout says in metadata: `messages` (the opening chat, used as is by
+the environment), `prompt` (TRL's prompt as given) and `columns` (the row's other
+columns, for TRL-signature rewards).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def load_source(source: str | os.PathLike[str], spec: TaskSource | None = None) 
         return parse_task_rows(rows, require_answers=name.endswith((".jsonl", ".json")))
     label = source_label(name)
     converted = [(where, task_row(row, where, f"{label}-{position}", layout, spec.columns))
-                 for position, (where, row) in enumerate(rows, start=1)]  # fmt: skip
+                 for position, (where, row) in enumerate(rows)]  # fmt: skip
     return parse_task_rows(converted, require_answers=False)
 
 
