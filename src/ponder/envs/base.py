@@ -212,7 +212,7 @@ def _load_builtin_envs() -> None:
 # Modules whose import registers ponder's own environments.
 BUILTIN_ENV_MODULES: list[str] = [
     "ponder.envs.search_qa", "ponder.envs.math", "ponder.envs.code", "ponder.envs.function_calling",
-    "ponder.envs.gateway", "ponder.envs.verified_qa",
+    "ponder.envs.gateway", "ponder.envs.verified_qa", "ponder.envs.verifiers_env", "ponder.envs.openenv_env",
 ]  # fmt: skip
 
 
