@@ -80,3 +80,26 @@ def test_one_rl_step_of_the_tiny_model_on_each_recipe(name, files, tmp_path, mon
     assert record["step"] == 1 and 0.0 <= record["reward/mean"] <= 1.0
     paid = "reward/gsm8k_accuracy" if name == "verified_qa_trl" else "reward/correct"
     assert record["reward/mean"] == pytest.approx(record[paid])
+
+
+def test_the_demo_runs_on_a_recipe_and_its_episodes_export(files, tmp_path, monkeypatch):
+    """base -> SFT -> RL through `ponder demo`'s own flow on the tiny model, then the
+    run's episodes out as TRL conversations: the data guide's commands, small."""
+    import datasets
+
+    from ponder.jobs.demo import run_demo
+    from ponder.jobs.export_data import export_data
+
+    monkeypatch.chdir(ROOT)
+    recipe = _recipe("verified_qa_trl", files, "model.name=tiny", "rollout.group_size=2", "rollout.batch_size=6",
+                     "rollout.sampling.max_new_tokens_per_turn=64", "lora.r=4", "sft.steps=2", "sft.batch_size=2",
+                     "sft.examples=4", "train.steps=1", "train.tasks_per_step=2", "train.val_tasks=0",
+                     "train.eval_every=0", "train.save_every=1", "algo.micro_batch_size=4", "eval.episodes=6")  # fmt: skip
+    results = run_demo(recipe, tmp_path / "demo", say=lambda _: None)
+    assert set(results["stages"]) >= {"oracle", "base", "sft", "rl"}
+    oracle = results["stages"]["oracle"]  # the file's solutions replayed: the ceiling
+    assert oracle["reward"] == oracle["components"]["gsm8k_accuracy"] == oracle["components"]["correct"] == 1.0
+    out = tmp_path / "oracle.parquet"
+    rows = export_data(str(tmp_path / "demo"), "trl-messages", str(out), min_reward=1.0)
+    exported = datasets.load_dataset("parquet", data_files=str(out), split="train").to_list()
+    assert len(exported) == rows >= 6 and all(row["messages"][-1]["role"] == "assistant" for row in exported)
