@@ -313,6 +313,15 @@ def grpo_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, A
     return _broadcast(advantages, inp), _broadcast(rewards, inp)
 
 
+@ADVANTAGES.register("none")
+@torch.no_grad()
+def no_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, Any]):
+    """No signal from the reward (0 everywhere): with algo.distill_coef, on-policy
+    distillation alone; the reward is still computed and logged."""
+    zeros = torch.zeros_like(inp.loss_mask, dtype=_out_dtype(inp))
+    return zeros, zeros.clone()
+
+
 @ADVANTAGES.register("gae", needs_values=True)
 @torch.no_grad()
 def gae_advantage(inp: AdvantageInput, cfg: AdvantageConfig, state: dict[str, Any]):

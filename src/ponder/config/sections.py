@@ -438,6 +438,10 @@ class AlgoConfig:
         holds what the warm-up taught, such as when to decline, while RL moves the
         rest; 0 = off (no demonstrations built).
     sft_rows: demonstrations in each optimizer step's SFT loss (with sft_coef > 0).
+    distill_coef: on-policy distillation from the recipe's `teacher`: the teacher
+        scores every sampled token and coef x (log p_teacher - log p_student) is added
+        to each policy token's advantage (ponder.algos.distill.opd_advantage), beside
+        the reward's; with advantage `none`, distillation alone. 0 = off.
     (ponder.algos.AdvantageConfig and LossConfig document each in full.)
     """
 
@@ -474,6 +478,7 @@ class AlgoConfig:
     max_staleness: int = 1
     sft_coef: float = 0.0
     sft_rows: int = 4
+    distill_coef: float = 0.0
 
 
 @dataclass
@@ -644,6 +649,21 @@ class ImproveConfig:
 
 
 @dataclass
+class TeacherConfig:
+    """teacher: the model that scores the student's tokens (algo.distill_coef).
+
+    model: a ponder run, stage or checkpoint directory, a Hugging Face model directory
+        or `smollm2-135m`; or a mapping {task kind: that} for one teacher per kind
+        (a kind with none is not distilled), e.g. {math: runs/math, search: runs/qa}.
+        It must share the student's tokenizer (refused otherwise). "" = none.
+    dtype: the teacher's weights' dtype (`auto`: the student's).
+    """
+
+    model: str | dict[str, str] = ""
+    dtype: str = "auto"
+
+
+@dataclass
 class Recipe:
     """A whole job: model, environment, rollout, reward, evaluation, training."""
 
@@ -659,3 +679,4 @@ class Recipe:
     sft: SFTConfig = field(default_factory=SFTConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     improve: ImproveConfig = field(default_factory=ImproveConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)

@@ -30,6 +30,8 @@ class TokenBatch:
     old_logprobs holds the sampler's until then.
     constraints: per row, the grammar its actions were sampled under
     (Trajectory.constraint, rollout.constrain), or None when no row had one.
+    teacher_logprobs: [B, L-1], a teacher's log-probabilities of the tokens
+    (algo.distill_coef, train/teacher.py), else None.
     """
 
     input_ids: torch.Tensor
@@ -48,6 +50,7 @@ class TokenBatch:
     sampler_logprobs: torch.Tensor | None = None
     old_from_forward: bool = False
     constraints: list | None = None
+    teacher_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

@@ -36,6 +36,7 @@ from ponder.algos import (
     kl_penalty_rewards,
 )
 from ponder.algos.curriculum import CURRICULA
+from ponder.algos.distill import opd_advantage
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.algos.kl import KL_REFERENCES
 from ponder.config import Recipe, to_dict
@@ -63,6 +64,7 @@ from ponder.train.optim import NonFiniteError, build_optimizer
 from ponder.train.rl_metrics import episode_metrics, episode_table, hacking_step_metrics
 from ponder.train.sampler import build_sampler, cycled_order
 from ponder.train.sft import BEHAVIOURS
+from ponder.train.teacher import Teacher
 from ponder.train.update import (
     TrainingError,
     UpdateInputs,
@@ -163,6 +165,7 @@ class RLTrainer:
         self.env_factory, self.val_tasks = env_factory, list(val_tasks or [])
         self.best = BestSoFar(cfg.patience)
         self.demonstrations: list[Trajectory] = []  # algo.sft_coef's anchor (use_demonstrations)
+        self.teacher: Teacher | None = None  # algo.distill_coef's (train/teacher.py load_teacher)
         self.engine = build_engine(backend, env_factory, recipe.rollout)
         # rollout.constrain: the masks actions were sampled under, applied again by every pass
         self.masks_for = constraint_masks(policy, getattr(backend, "eos_ids", None))
@@ -274,6 +277,7 @@ class RLTrainer:
         tick = time.perf_counter()
         sampled.update(self._no_grad_passes(batch))
         logprob_s = time.perf_counter() - tick
+        sampled.update(self._teacher_pass(batch, tasks))
         advantages, returns = self._advantages(batch)
         # For the trackers (histogram, sampled episodes): the advantages of trained tokens.
         self._last_step = (advantages[batch.loss_mask > 0].detach().cpu().numpy(), tasks, trajectories)
@@ -324,6 +328,22 @@ class RLTrainer:
             batch.old_values = forward_pass_no_grad(self.policy, batch, micro, temperature, self.value_head)
         return metrics
 
+    def _teacher_pass(self, batch: TokenBatch, tasks: list[Task]) -> dict[str, float]:
+        """The teacher's log-probabilities of the sampled tokens into `batch` (with
+        algo.distill_coef); returns the student's reverse KL estimate and its time."""
+        if self.teacher is None or self.recipe.algo.distill_coef == 0:
+            return {}
+        tick = time.perf_counter()
+        kind_of = {task.id: task.kind for task in tasks}
+        algo = self.recipe.algo
+        batch.teacher_logprobs = self.teacher.token_logprobs(
+            batch, [kind_of.get(g, "") for g in batch.group_ids], algo.logprob_micro_batch_size or algo.micro_batch_size,
+            self.recipe.rollout.sampling.temperature,
+        )  # fmt: skip
+        gap = (batch.old_logprobs - batch.teacher_logprobs)[batch.loss_mask.bool()]
+        return {"distill/reverse_kl": gap.mean().item() if gap.numel() else 0.0,
+                "time/teacher_s": time.perf_counter() - tick}  # fmt: skip
+
     def _advantages(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's advantages and returns by algo.advantage (a KL penalty in the
         reward first, with algo.kl_in_reward)."""
@@ -340,7 +360,11 @@ class RLTrainer:
             algo.norm_by_std, algo.std_scope, algo.std_eps, algo.gamma, algo.lam, algo.baseline_momentum,
             algo.whiten_gae,
         )  # fmt: skip
-        return compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
+        advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
+        if batch.teacher_logprobs is not None:  # on-policy distillation beside the reward's advantages
+            advantages = advantages + algo.distill_coef * opd_advantage(batch.old_logprobs, batch.teacher_logprobs,
+                                                                        batch.loss_mask)  # fmt: skip
+        return advantages, returns
 
     def _old_from_forward(self, rows: int) -> bool:
         """The update is one pass over these rows at the current weights and nothing reads
@@ -579,6 +603,10 @@ def check_recipe(recipe: Recipe) -> None:
     if recipe.train.async_rollouts and recipe.algo.max_staleness < 1:
         raise ValueError("train.async_rollouts samples one step behind the update: it needs algo.max_staleness >= 1, "
                          f"got {recipe.algo.max_staleness}")  # fmt: skip
+    if recipe.algo.distill_coef < 0 or bool(recipe.algo.distill_coef) != bool(recipe.teacher.model):
+        raise ValueError("algo.distill_coef (>= 0) and teacher.model come together: the teacher scores what "
+                         f"distill_coef weighs; got distill_coef {recipe.algo.distill_coef} and teacher.model "
+                         f"{recipe.teacher.model!r}")  # fmt: skip
     if recipe.algo.sft_coef < 0 or recipe.algo.sft_rows < 1:
         raise ValueError(f"algo.sft_coef must be >= 0 and algo.sft_rows >= 1, got {recipe.algo.sft_coef} and "
                          f"{recipe.algo.sft_rows}")  # fmt: skip

@@ -1,0 +1,47 @@
+"""On-policy distillation in the RL trainer (algo.distill_coef with a teacher): the
+teacher scores the student's sampled tokens, the advantage is coef x (teacher −
+student) on policy tokens, a teacher equal to the student gives no update, and a
+teacher of another tokenizer is refused with one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ponder.config import load_recipe
+from ponder.jobs.parts import rl_trainer
+from ponder.train.batch import collate
+
+TINY = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
+        "rollout.sampling.max_new_tokens_per_turn=12", "env.max_turns=2", "lora.r=4", "train.steps=1",
+        "env.options.taskgen.n_people=20", "env.options.taskgen.n_train=8", "env.options.taskgen.n_eval=2",
+        "sft.steps=0", "algo.advantage=none", "algo.distill_coef=1.0", "teacher.model=tiny"]  # fmt: skip
+
+
+def test_the_advantage_is_the_teachers_logprob_minus_the_students(tmp_path):
+    trainer = rl_trainer(load_recipe(None, TINY), tmp_path, reward=lambda t, task: (0.0, {}))
+    with torch.no_grad():  # a teacher that differs from the student: scale its head
+        trainer.teacher.policies[""].model.lm_head.weight.mul_(3.0)
+    tasks = trainer.sampler.next_batch(2)
+    trajectories, _ = trainer.engine.run(tasks)
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
+    metrics = trainer._teacher_pass(batch, tasks)
+    advantages, _ = trainer._advantages(batch)
+    on = batch.loss_mask.bool()
+    assert torch.allclose(advantages[on], (batch.teacher_logprobs - batch.old_logprobs)[on])
+    assert (advantages[~on] == 0).all() and advantages[on].abs().sum() > 0
+    assert metrics["distill/reverse_kl"] == pytest.approx((batch.old_logprobs - batch.teacher_logprobs)[on].mean().item())
+
+
+def test_a_teacher_equal_to_the_student_moves_nothing(tmp_path):
+    trainer = rl_trainer(load_recipe(None, TINY), tmp_path, reward=lambda t, task: (0.0, {}))
+    metrics = trainer.train_step()  # the LoRA student starts as the base: the teacher
+    assert abs(metrics["distill/reverse_kl"]) < 1e-4
+    assert metrics["optim/grad_norm"] < 1e-4
+
+
+def test_distillation_needs_a_teacher_and_a_shared_tokenizer(tmp_path):
+    with pytest.raises(ValueError, match="algo.distill_coef .* and teacher.model come together"):
+        rl_trainer(load_recipe(None, [o for o in TINY if not o.startswith("teacher")]), tmp_path)
+    with pytest.raises(ValueError, match="teacher.model 'smollm2-135m': its tokenizer is not the student's"):
+        rl_trainer(load_recipe(None, TINY[:-1] + ["teacher.model=smollm2-135m"]), tmp_path)
