@@ -50,7 +50,7 @@ def per_episode(advantages, mask):
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError) as err:
         compute_advantages("ppo2", outcome_input([1.0], ["a"]))
-    assert str(err.value) == "unknown advantage estimator 'ppo2'; valid: gae, grpo, reinforce, rloo, togo, turn"
+    assert str(err.value) == "unknown advantage estimator 'ppo2'; valid: gae, grpo, none, reinforce, rloo, togo, turn"
 
 
 def test_registry_refuses_a_second_object_under_a_taken_name():
@@ -428,3 +428,8 @@ def test_shape_mismatches_are_reported():
 def test_only_gae_needs_values():
     # RLTrainer reads this trait (never the name) to add a value head
     assert [name for name in ADVANTAGES if ADVANTAGES.trait(name, "needs_values")] == ["gae"]
+
+
+def test_none_gives_no_signal_from_the_reward():
+    advantages, returns = compute_advantages("none", outcome_input([1.0, 0.0], ["a", "a"]))
+    assert advantages.abs().sum() == 0 and returns.abs().sum() == 0 and advantages.shape == returns.shape
