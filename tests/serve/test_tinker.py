@@ -6,7 +6,10 @@ at the same weights, the checkpoint and sampler paths, and every refusal."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -27,6 +30,7 @@ from ponder.serve.tinker.training import LoraLayout, lora_copy  # noqa: E402
 from ..uvicorn_thread import loopback_socket, serving  # noqa: E402
 
 API_KEY = "tml-ponder-test"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "tinker"
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "The answer is 5."}],
     [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."}],
@@ -404,3 +408,26 @@ def test_the_command_refuses_a_model_it_cannot_load_in_one_line(capsys, tmp_path
     code = main(["tinker-serve", "--model", "no-such-model", "--state-dir", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "model 'no-such-model' not found" in err and len(err.splitlines()) == 1
+
+
+def test_the_example_loops_run_against_the_server(server, tmp_path, monkeypatch):
+    """examples/tinker/sl_loop.py, then rl_loop.py from its final state, at toy sizes."""
+    monkeypatch.setenv("TINKER_API_KEY", API_KEY)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    sl_loop, rl_loop = importlib.import_module("sl_loop"), importlib.import_module("rl_loop")
+    parts = importlib.import_module("cookbook_parts")
+    config = parts.parse_config(sl_loop.Config, [f"base_url={server.url}", "model_name=tiny", "batch_size=4",
+                                                 "max_steps=3", "save_every=2", "learning_rate=5e-3", "lora_rank=8",
+                                                 f"log_path={tmp_path / 'sl'}", "n_examples=16"])  # fmt: skip
+    sl_loop.main(config)
+    rows = [json.loads(line) for line in (tmp_path / "sl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["train_mean_nll"] < rows[0]["train_mean_nll"]
+    checkpoints = [json.loads(line) for line in (tmp_path / "sl" / "checkpoints.jsonl").read_text().splitlines()]
+    assert [c["name"] for c in checkpoints] == ["000002", "final"] and checkpoints[-1]["sampler_path"]
+    rl_config = rl_loop.Config(base_url=server.url, model_name="tiny", batch_size=2, group_size=3, max_tokens=8,
+                               max_steps=2, log_path=str(tmp_path / "rl"), n_questions=8,
+                               load_checkpoint_path=checkpoints[-1]["state_path"])  # fmt: skip
+    rl_loop.main(rl_config)
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and all(0.0 <= r["reward/total"] <= 1.0 for r in rows)
+    assert rl_loop.get_reward("so \\boxed{12}", "#### 12") == 1.0 and rl_loop.get_reward("12", "#### 12") == 0.0
