@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import json
 import logging
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,6 +417,19 @@ def vf_splits(env: Any, options: VerifiersOptions) -> tuple[list[Task], list[Tas
     return [make(r, "train") for r in train], [make(r, "eval") for r in evaluation]
 
 
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    from datasets.utils import logging as datasets_logging
+
+    shown = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets_logging.enable_progress_bar()
+
+
 @register_env("verifiers")
 def build_verifiers(ctx: EnvContext) -> EnvSpec:
     """An installed verifiers environment (see the module docstring).
@@ -424,8 +439,9 @@ def build_verifiers(ctx: EnvContext) -> EnvSpec:
     the function, at the rubric's weight (a weight-0 metric is logged, not paid)."""
     options = from_dict(VerifiersOptions, dict(ctx.options), "env.kind verifiers", "env.options.")
     vf = import_verifiers()
-    env = load_vf_environment(vf, options.env_id, dict(options.env_args))
-    train, evaluation = vf_splits(env, options)
+    with _quiet_datasets():  # verifiers formats its datasets with map(): no progress bars in ponder's output
+        env = load_vf_environment(vf, options.env_id, dict(options.env_args))
+        train, evaluation = vf_splits(env, options)
     if not train and not evaluation:
         raise ValueError(f"env.options.env_id {options.env_id!r}: its dataset and eval_dataset are empty")
     weights: dict[str, float] = {}
