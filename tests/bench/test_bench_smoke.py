@@ -89,3 +89,16 @@ def test_structured_outputs_smoke(tmp_path):
     results = json.loads(out.read_text())
     assert results["tool_choice at temperature 1"] == {**results["tool_choice at temperature 1"], "valid": 3}
     assert "streamed and whole greedy calls agree: 2/2" in stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tinker") is None, reason="tinker is not installed (the `tinker` extra)")
+def test_tinker_parity_smoke(tmp_path):
+    out = tmp_path / "parity.json"
+    stdout = _run("tinker_parity.py", tmp_path, "--out", str(out))
+    assert "largest weight difference after 2 steps" in stdout
+    result = json.loads(out.read_text())
+    assert [s["step"] for s in result["steps"]] == [0, 1]
+    for step in result["steps"]:  # the client's numbers are ponder's SFT step's, to float noise
+        assert step["tinker_loss"] == pytest.approx(step["ponder_loss"], abs=1e-5)
+        assert step["tinker_grad_norm"] == pytest.approx(step["ponder_grad_norm"], rel=1e-4)
+    assert result["max_weight_diff"] < 1e-4
