@@ -10,7 +10,10 @@ import torch
 
 from ponder.config import load_recipe
 from ponder.jobs.parts import rl_trainer
+from ponder.models.tiny import tiny_policy
 from ponder.train.batch import collate
+from ponder.train.teacher import Teacher
+from ponder.train.update import forward_pass_no_grad
 
 TINY = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "rollout.batch_size=4",
         "rollout.sampling.max_new_tokens_per_turn=12", "env.max_turns=2", "lora.r=4", "train.steps=1",
@@ -20,8 +23,8 @@ TINY = ["model.name=tiny", "train.tasks_per_step=2", "rollout.group_size=2", "ro
 
 def test_the_advantage_is_the_teachers_logprob_minus_the_students(tmp_path):
     trainer = rl_trainer(load_recipe(None, TINY), tmp_path, reward=lambda t, task: (0.0, {}))
-    with torch.no_grad():  # a teacher that differs from the student: scale its head
-        trainer.teacher.policies[""].model.lm_head.weight.mul_(3.0)
+    other = tiny_policy(seed=5)  # a teacher that differs from the student
+    trainer.teacher = Teacher({"": lambda part, micro, temperature: forward_pass_no_grad(other, part, micro, 1.0)})
     tasks = trainer.sampler.next_batch(2)
     trajectories, _ = trainer.engine.run(tasks)
     batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)

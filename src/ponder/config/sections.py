@@ -653,14 +653,19 @@ class TeacherConfig:
     """teacher: the model that scores the student's tokens (algo.distill_coef).
 
     model: a ponder run, stage or checkpoint directory, a Hugging Face model directory
-        or `smollm2-135m`; or a mapping {task kind: that} for one teacher per kind
-        (a kind with none is not distilled), e.g. {math: runs/math, search: runs/qa}.
-        It must share the student's tokenizer (refused otherwise). "" = none.
-    dtype: the teacher's weights' dtype (`auto`: the student's).
+        or `smollm2-135m`; or the URL of an OpenAI-compatible server that returns
+        prompt logprobs (`ponder serve`, vLLM), e.g. http://127.0.0.1:8000/v1, its key
+        in $PONDER_TEACHER_API_KEY; or a mapping {task kind: any of those} for one
+        teacher per kind (a kind with none is not distilled), e.g. {math: runs/math,
+        search_qa: runs/qa}. It must share the student's tokenizer (refused
+        otherwise). "" = none.
+    dtype: an in-process teacher's weights' dtype (`auto`: the student's).
+    served_model: a URL teacher's model name ("" = the server's first).
     """
 
     model: str | dict[str, str] = ""
     dtype: str = "auto"
+    served_model: str = ""
 
 
 @dataclass

@@ -44,6 +44,7 @@ from ponder.serve.protocol import (
     parse_request,
     stop_list,
 )
+from ponder.serve.scoring import prompt_logprobs
 from ponder.serve.user_routes import add_user_routes
 
 DONE = "data: [DONE]\n\n"
@@ -406,6 +407,11 @@ async def text_completion(server: ModelServer, request: CompletionRequest,
         session.record([], prompts[p], result, cut_at_stop(result.text, stops)[0])
     choices = [{"index": i, "text": echo[p] + cut_at_stop(r.text, stops)[0], "logprobs": None,
                 "finish_reason": r.finish_reason} for i, (p, r) in enumerate(zip(order, results))]  # fmt: skip
+    if request.prompt_logprobs is not None:
+        scored = [await asyncio.to_thread(prompt_logprobs, server, ids, adapter, request.prompt_logprobs)
+                  for ids in prompts]  # fmt: skip
+        for choice, p in zip(choices, order):
+            choice["prompt_logprobs"] = scored[p]
     used = sum(len(r.token_ids) for r in results)
     prompt_tokens = sum(len(prompts[p]) for p in range(len(prompts)))
     body = {**meta, "object": "text_completion", "choices": choices, "usage": _usage(prompt_tokens, used)}

@@ -114,6 +114,7 @@ class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs, with the top K (serve/scoring.py)
 
 
 Request = TypeVar("Request", bound=_Sampling)

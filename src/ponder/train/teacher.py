@@ -2,16 +2,23 @@
 logprob sources for the tokens the student sampled.
 
 A teacher is any model ponder loads (a run, stage or checkpoint directory, a Hugging
-Face directory, the embedded model), one for every task or one per task kind, run
-in this process under no_grad on the batch the update trains on. Teachers must share
-the student's tokenizer: the student's token ids are scored as they are, so a
-different vocabulary is refused with one line rather than scored into nonsense.
+Face directory, the embedded model), run in this process under no_grad on the batch
+the update trains on; or an OpenAI-compatible server that returns prompt logprobs
+for given token ids (`ponder serve`, or vLLM: `/v1/completions` with
+`prompt_logprobs`), named by its URL. One teacher for every task, or one per task
+kind. Teachers must share the student's tokenizer: the student's token ids are scored
+as they are, so a different vocabulary is refused with one line rather than scored
+into nonsense (a server's, by how it tokenises a probe text).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import httpx
 import torch
 
 from ponder.config.sections import TeacherConfig
@@ -19,51 +26,100 @@ from ponder.models.loading import Policy, load_policy
 from ponder.train.batch import TokenBatch
 from ponder.train.update import forward_pass_no_grad
 
-EVERY_KIND = ""  # the teacher of every task (teacher.model given as one path)
+API_KEY_ENV = "PONDER_TEACHER_API_KEY"  # a URL teacher's key, kept out of recipes
+EVERY_KIND = ""  # the teacher of every task (teacher.model given as one source)
+PROBE = "A probe: 12 + 7 = 19, then <tool_call> and \u00e9t\u00e9."  # text whose tokenisation must match
+Scorer = Callable[[TokenBatch, int, float], torch.Tensor]  # (rows, micro batch, temperature) -> [b, L-1]
 
 
 @dataclass
 class Teacher:
-    """policies: task kind -> the teacher of that kind's tasks (EVERY_KIND: of all)."""
+    """scorers: task kind -> what scores that kind's rows (EVERY_KIND: every row whose
+    kind has none of its own)."""
 
-    policies: dict[str, Policy]
+    scorers: dict[str, Scorer]
 
     def token_logprobs(self, batch: TokenBatch, kinds: list[str], micro_batch_size: int,
                        temperature: float) -> torch.Tensor:  # fmt: skip
         """[B, L-1] each row's teacher log-probabilities of its tokens (aligned as
-        batch.old_logprobs); a row whose kind has no teacher keeps the student's own
-        (its distillation advantage is then 0)."""
+        batch.old_logprobs) on its policy tokens; a row whose kind has no teacher keeps
+        the student's own (its distillation advantage is then 0)."""
         out = batch.old_logprobs.clone()
-        for kind, policy in self.policies.items():
-            rows = [i for i, k in enumerate(kinds) if k == kind or (kind == EVERY_KIND and k not in self.policies)]
+        for kind, scorer in self.scorers.items():
+            rows = [i for i, k in enumerate(kinds) if k == kind or (kind == EVERY_KIND and k not in self.scorers)]
             if not rows:
                 continue
             part = batch.select(rows)
-            scores = forward_pass_no_grad(policy, part, micro_batch_size, temperature)
+            scores = scorer(part, micro_batch_size, temperature).to(out.device)
             width = scores.shape[1]
             out[rows, :width] = torch.where(part.loss_mask.bool(), scores, out[rows, :width])
         return out
 
 
 def load_teacher(config: TeacherConfig, student: Policy) -> Teacher | None:
-    """The recipe's teacher(s), or None without one; ValueError naming the model for a
-    tokenizer that is not the student's."""
+    """The recipe's teacher(s), or None without one; ValueError naming the teacher for
+    a tokenizer that is not the student's."""
     if not config.model:
         return None
     sources = dict(config.model) if isinstance(config.model, dict) else {EVERY_KIND: config.model}
+    return Teacher({kind: _scorer(str(source), config, student) for kind, source in sources.items()})
+
+
+def _scorer(source: str, config: TeacherConfig, student: Policy) -> Scorer:
+    if source.startswith(("http://", "https://")):
+        teacher = UrlTeacher(source, config.served_model, os.environ.get(API_KEY_ENV) or None)
+        teacher.check_tokenizer(student.tokenizer)
+        return teacher
     dtype = config.dtype if config.dtype != "auto" else str(student.dtype).removeprefix("torch.")
-    policies = {}
-    for kind, source in sources.items():
-        policy = load_policy(str(source), dtype, str(student.device))
-        check_same_tokenizer(policy, student, str(source))
-        policy.model.eval()
-        policies[kind] = policy
-    return Teacher(policies)
+    policy = load_policy(source, dtype, str(student.device))
+    if policy.tokenizer.get_vocab() != student.tokenizer.get_vocab():
+        raise ValueError(_mismatch(source, f"{len(policy.tokenizer)} vs {len(student.tokenizer)} tokens"))
+    policy.model.eval()
+    return lambda part, micro, temperature: forward_pass_no_grad(policy, part, micro, temperature)
 
 
-def check_same_tokenizer(teacher: Policy, student: Policy, name: str) -> None:
-    """The teacher reads the student's token ids as they are: same vocabulary needed."""
-    if teacher.tokenizer.get_vocab() != student.tokenizer.get_vocab():
-        raise ValueError(f"teacher.model {name!r}: its tokenizer is not the student's ({len(teacher.tokenizer)} vs "
-                         f"{len(student.tokenizer)} tokens); distillation scores the student's token ids, so both "
-                         "must share one vocabulary")  # fmt: skip
+def _mismatch(name: str, how: str) -> str:
+    return (f"teacher.model {name!r}: its tokenizer is not the student's ({how}); distillation scores the "
+            "student's token ids, so both must share one vocabulary")  # fmt: skip
+
+
+class UrlTeacher:
+    """A teacher behind an OpenAI-compatible server: each row's token ids are sent as
+    a completions prompt with vLLM's `prompt_logprobs: 0` and the logprob of every
+    prompt token read back (at the server's temperature 1: the recipe's sampling
+    temperature is not sent). `model`: the served model's name ("": the server's first)."""
+
+    def __init__(self, url: str, model: str = "", api_key: str | None = None, concurrency: int = 8) -> None:
+        self.url = url.rstrip("/").removesuffix("/v1") + "/v1"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(headers=headers, timeout=300)
+        self.model = model or self.client.get(f"{self.url}/models").raise_for_status().json()["data"][0]["id"]
+        self.concurrency = concurrency
+
+    def prompt_logprobs(self, prompt: str | list[int]) -> tuple[list[int], list[float]]:
+        """(the server's token ids of `prompt`, each one's logprob after the ones before it)."""
+        reply = self.client.post(f"{self.url}/completions", json={"model": self.model, "prompt": prompt,
+                                                                  "max_tokens": 1, "prompt_logprobs": 0})  # fmt: skip
+        if reply.status_code != 200:
+            raise ValueError(f"teacher {self.url}: HTTP {reply.status_code}: {reply.text[:300]}")
+        positions = reply.json()["choices"][0]["prompt_logprobs"][1:]  # one entry each: the prompt's own token
+        ids = [int(next(iter(position))) for position in positions]
+        return ids, [position[str(token)]["logprob"] for position, token in zip(positions, ids)]
+
+    def check_tokenizer(self, tokenizer) -> None:
+        """ValueError unless the server splits a probe text as `tokenizer` does (its
+        first token has no logprob; a server that adds a BOS token puts it first)."""
+        ids, _ = self.prompt_logprobs(PROBE)
+        mine = tokenizer.encode(PROBE, add_special_tokens=False)
+        if ids not in (mine[1:], mine):
+            raise ValueError(_mismatch(self.url, f"it splits a probe text into {len(ids) + 1} tokens, the student "
+                                                 f"into {len(mine)}"))  # fmt: skip
+
+    def __call__(self, part: TokenBatch, micro_batch_size: int, temperature: float) -> torch.Tensor:
+        lengths = part.attention_mask.sum(-1).tolist()
+        rows = [part.input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+        out = torch.zeros(part.old_logprobs.shape)
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            for i, (_, logprobs) in enumerate(pool.map(self.prompt_logprobs, rows)):
+                out[i, : len(logprobs)] = torch.tensor(logprobs)
+        return out
