@@ -230,9 +230,11 @@ def test_a_core_install_trains_and_evaluates_and_each_extra_is_named(core_env, t
                         "tracking.trackers=[tensorboard]"],
         "wandb": ["train", "--recipe", recipe, "--out", str(tmp_path / "wandb"), *no_sft, "tracking.trackers=[wandb]"],
         "ray": ["train", "--recipe", recipe, "--out", str(tmp_path / "ray"), *no_sft, "--ray", "local"],
+        "tinker-serve": ["tinker-serve", "--model", "tiny", "--state-dir", str(tmp_path / "tinker")],
     }  # fmt: skip
     extra_of = {"serve": "serve", "serve-retriever": "serve", "mcp-serve": "mcp", "mcp": "mcp",
-                "retrieval": "retrieval", "rag": "rag", "tensorboard": "tracking", "wandb": "tracking", "ray": "ray"}  # fmt: skip
+                "retrieval": "retrieval", "rag": "rag", "tensorboard": "tracking", "wandb": "tracking", "ray": "ray",
+                "tinker-serve": "tinker"}  # fmt: skip
     argvs = core + list(features.values())
     done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(argvs)], env=core_env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)  # fmt: skip

@@ -331,7 +331,8 @@ def test_samplers_from_paths_go_stale_when_replaced(server, client):
 def raw(server, route: str, body: dict | bytes, key: str = API_KEY) -> httpx.Response:
     headers = {"X-API-Key": key}
     if isinstance(body, bytes):
-        return httpx.post(f"{server.url}{route}", content=body, headers={**headers, "Content-Type": "application/x-protobuf"})
+        headers["Content-Type"] = "application/x-protobuf"
+        return httpx.post(f"{server.url}{route}", content=body, headers=headers)
     return httpx.post(f"{server.url}{route}", json=body, headers=headers)
 
 

@@ -72,6 +72,10 @@ def register(commands: Any) -> None:
 
 
 def cmd_tinker_serve(args: argparse.Namespace) -> int:
+    from ponder.extras import require
+
+    for module in ("tinker", "fastapi", "uvicorn"):  # before ponder.serve, which names its own extra
+        require(module, "tinker", "ponder tinker-serve")
     from ponder.serve.tinker import TinkerConfig
     from ponder.serve.tinker.server import serve_tinker
 

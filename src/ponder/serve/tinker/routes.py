@@ -65,7 +65,9 @@ def create_tinker_app(service: TinkerService) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        reason = f"{request.method} {request.url.path}: not a route of this server" if exc.status_code == 404 else exc.detail
+        reason = exc.detail
+        if exc.status_code == 404:
+            reason = f"{request.method} {request.url.path}: not a route of this server"
         return JSONResponse({"detail": str(reason)}, status_code=exc.status_code)
 
     async def body(request: Request) -> bytes:

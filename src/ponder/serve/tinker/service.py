@@ -401,7 +401,8 @@ def _prompt_tokens(prompt: Any, vocab: int) -> list[int]:
     tokens: list[int] = []
     for chunk in prompt.chunks:
         if getattr(chunk, "type", None) != "encoded_text":
-            raise ValueError(f"the prompt has a {getattr(chunk, 'type', '?')} chunk; this server samples from text tokens")
+            kind = getattr(chunk, "type", "?")
+            raise ValueError(f"the prompt has a {kind} chunk; this server samples from text tokens")
         tokens.extend(int(t) for t in chunk.tokens)
     if not tokens:
         raise ValueError("the prompt is empty")
