@@ -239,6 +239,13 @@ def _add_pipeline_command(commands: Any) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from ponder.models.adapters import export_trained
 
+    if args.keep_layers is not None:
+        from ponder.models.students import write_student
+
+        out, kept = write_student(args.run_dir, args.keep_layers, args.out)
+        print(f"wrote a Hugging Face model with {len(kept)} decoder layers ({', '.join(map(str, kept))}) to {out}; "
+              f"train it with model.name={out}")  # fmt: skip
+        return 0
     out = export_trained(args.run_dir, args.out, merge=args.merge)
     kind = "a Hugging Face model (merged)" if args.merge else "a PEFT adapter (or a full model, if fully fine-tuned)"
     print(f"wrote {kind} to {out}")
@@ -249,10 +256,14 @@ def _add_export_command(commands: Any) -> None:
     export = commands.add_parser(
         "export", help="a run's model as a Hugging Face model (--merge) or adapter"
     )
-    export.add_argument("run_dir", metavar="RUN_DIR", help="a ponder run, stage or checkpoint directory")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a ponder run, stage or checkpoint directory (with "
+                        "--keep-layers: any model, e.g. smollm2-135m)")
     export.add_argument("--out", required=True, help="new directory to write (must not exist or be empty)")
     export.add_argument("--merge", action="store_true",
                         help="fold the adapters into the base weights: loads with AutoModelForCausalLM alone")
+    export.add_argument("--keep-layers", type=int, metavar="K",
+                        help="a smaller student for distillation: the model (merged) with K of its decoder "
+                        "layers, evenly spaced, first and last kept, as a Hugging Face model")
     export.set_defaults(handler=cmd_export)
 
 
