@@ -48,3 +48,23 @@ def test_distillation_needs_a_teacher_and_a_shared_tokenizer(tmp_path):
         rl_trainer(load_recipe(None, [o for o in TINY if not o.startswith("teacher")]), tmp_path)
     with pytest.raises(ValueError, match="teacher.model 'smollm2-135m': its tokenizer is not the student's"):
         rl_trainer(load_recipe(None, TINY[:-1] + ["teacher.model=smollm2-135m"]), tmp_path)
+
+
+def test_one_teacher_per_task_kind():
+    """Rows of a kind with its own teacher get that one's scores; others the every-kind
+    teacher's; with no every-kind teacher, the rest keep the student's (advantage 0)."""
+    from ponder.types import Trajectory
+
+    rows = [Trajectory(f"t{i}", [1, 2], [3, 4, 5], [1, 1, 0], [-1.0, -1.0, 0.0]) for i in range(3)]
+    batch = collate(rows, 0)
+
+    def constant(value):
+        return lambda part, micro, temperature: torch.full(part.old_logprobs.shape, value)
+
+    by_kind = Teacher({"math": constant(-0.5), "": constant(-2.0)})
+    scores = by_kind.token_logprobs(batch, ["math", "search_qa", "math"], 4, 1.0)
+    on = batch.loss_mask.bool()
+    assert scores[0][on[0]].tolist() == [-0.5, -0.5] and scores[1][on[1]].tolist() == [-2.0, -2.0]
+    assert (scores[~on] == batch.old_logprobs[~on]).all()  # only policy tokens are scored
+    only_math = Teacher({"math": constant(-0.5)}).token_logprobs(batch, ["math", "search_qa", "math"], 4, 1.0)
+    assert torch.equal(only_math[1], batch.old_logprobs[1])
