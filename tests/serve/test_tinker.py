@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -432,3 +433,20 @@ def test_the_example_loops_run_against_the_server(server, tmp_path, monkeypatch)
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1] and all(0.0 <= r["reward/total"] <= 1.0 for r in rows)
     assert rl_loop.get_reward("so \\boxed{12}", "#### 12") == 1.0 and rl_loop.get_reward("12", "#### 12") == 0.0
+
+
+def test_closing_a_session_lets_its_models_and_samplers_go(server):
+    own = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    training_client = own.create_lora_training_client(base_model="tiny", rank=4).result()
+    sampler = training_client.save_weights_and_get_sampling_client().result()
+    path = training_client.save_weights_for_sampler("kept").result().path
+    session_id = sampler._sampling_session_id
+    own.close("success").result()
+    deadline = time.monotonic() + 10  # the release runs on the worker, after the session's queued work
+    while training_client.model_id in server.models and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert training_client.model_id not in server.models
+    reply = raw(server, "/api/v1/asample", {"sampling_session_id": session_id, "prompt": {"chunks": [
+        {"type": "encoded_text", "tokens": [1, 2]}]}, "sampling_params": {"max_tokens": 2}})  # fmt: skip
+    assert reply.status_code == 410 and "its client session has finished" in reply.json()["detail"]
+    assert server.store.existing(path)[1].is_dir()  # checkpoints stay on disk

@@ -165,6 +165,18 @@ class Samplers:
             self.weights[source] = Weights(model.base_model, model.layout, directory=directory)
             self._remember(source, self._backend(model.policy))
 
+    def release(self, prefix: str) -> None:
+        """Let go of the sessions whose ids start with `prefix` (a finished client
+        session's) and of the snapshots only they sample."""
+        why = "its client session has finished"
+        with self._lock:
+            for model_id in [m for m in self._kept if m.startswith(prefix)]:
+                for source in self._kept.pop(model_id):
+                    self._retire(source, why)
+            for session in self.sessions.values():
+                if session.session_id.startswith(prefix):
+                    session.stale = why
+
     def _retire(self, source: str, why: str) -> None:
         self.weights.pop(source, None)
         self._live.pop(source, None)

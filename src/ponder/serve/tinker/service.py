@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ponder.models.loading import Policy, load_policy
+from ponder.models.memory import release_memory
 from ponder.serve.tinker.checkpoints import CheckpointStore, check_name, parse
 from ponder.serve.tinker.futures import Job, Result, Worker
 from ponder.serve.tinker.losses import TINKER_LOSSES, TinkerLoss, loss_config
@@ -131,11 +132,22 @@ class TinkerService:
         return {"type": "session_heartbeat"}
 
     def finish(self, session_id: str) -> dict[str, Any]:
+        """The client closed its session: its training clients and samplers are let go
+        (after the work already queued for them); its checkpoints stay on disk."""
         with self._lock:
             if session_id not in self.sessions:
                 raise LookupError(f"unknown session {session_id!r}")
             self.sessions[session_id]["finished"] = True
+        self.worker.submit(Job(lambda: self._release(session_id)))
         return {}
+
+    def _release(self, session_id: str) -> Result:
+        with self._lock:
+            for model_id in [m for m in self.models if m.startswith(f"{session_id}:")]:
+                del self.models[model_id]
+        self.samplers.release(f"{session_id}:")
+        release_memory()
+        return Result(json={})
 
     def _base(self, name: str | None) -> Policy:
         if name not in self.bases:
