@@ -291,10 +291,16 @@ def test_save_state_and_resume_with_the_optimizer(server, client):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
     with pytest.raises(tinker.BadRequestError, match="exists: pass overwrite=True"):
         training_client.save_state("resume-me").result()
+    training_client.load_state(path).result()  # back to the saved weights, the optimizer reset
+    reloaded = trainable_snapshot(server.models[training_client.model_id].policy.model)
+    assert any(not torch.equal(a, b) for a, b in zip(reloaded.values(), original.values()))
+    assert not server.models[training_client.model_id].optimizer.state
     weights_only = client.create_training_client_from_state(path).result()
     loaded = trainable_snapshot(server.models[weights_only.model_id].policy.model)
     assert server.models[weights_only.model_id].steps == 1 and not server.models[weights_only.model_id].optimizer.state
     assert any(not torch.equal(a, b) for a, b in zip(loaded.values(), original.values()))  # saved one step earlier
+    for a, b in zip(loaded.values(), reloaded.values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_samplers_from_paths_go_stale_when_replaced(server, client):
@@ -314,6 +320,11 @@ def test_samplers_from_paths_go_stale_when_replaced(server, client):
         expected = token_logprobs(model, ids, torch.ones_like(ids))[0]
     assert scored[0] is None
     torch.testing.assert_close(torch.tensor(scored[1:]), expected, rtol=0, atol=1e-4)
+    tail = first.compute_logprobs(prompt, prompt_logprobs_last_n=2).result()
+    assert tail[:-2] == [None] * (len(tail) - 2) and tail[-2:] == pytest.approx(scored[-2:], abs=1e-6)
+    text = training_client.get_tokenizer().decode(out.sequences[0].tokens)
+    cut = first.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0, stop=[text[:2]])).result()
+    assert cut.sequences[0].stop_reason == "stop" and len(cut.sequences[0].tokens) < 6  # a stop string
     training_client.save_weights_for_sampler("policy").result()  # the path now names new weights
     with pytest.raises(tinker.APIStatusError, match="410.*stale sampler.*was saved again") as caught:
         first.sample(prompt, 1, greedy).result()
