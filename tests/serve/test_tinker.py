@@ -461,3 +461,27 @@ def test_closing_a_session_lets_its_models_and_samplers_go(server):
         {"type": "encoded_text", "tokens": [1, 2]}]}, "sampling_params": {"max_tokens": 2}})  # fmt: skip
     assert reply.status_code == 410 and "its client session has finished" in reply.json()["detail"]
     assert server.store.existing(path)[1].is_dir()  # checkpoints stay on disk
+
+
+def test_an_evicted_sampler_is_rebuilt_with_the_same_weights(server, client):
+    """Two sampling copies stay in memory (max_live_samplers); older ones come back from
+    the snapshot kept in memory or the sampler weights on disk, sampling the same."""
+    training_client = client.create_lora_training_client(base_model="tiny", rank=4, seed=4).result()
+    batch = [conversation_to_datum(m, training_client.get_tokenizer()) for m in CONVERSATIONS]
+    prompt = types.ModelInput.from_ints(training_client.get_tokenizer().encode("Tell me"))
+    greedy = types.SamplingParams(max_tokens=5, temperature=0.0, stop=[])
+    samplers, first_outputs = [], []
+    for step in range(2):
+        training_client.forward_backward(batch, "cross_entropy").result()
+        training_client.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        named = client.create_sampling_client(
+            model_path=training_client.save_weights_for_sampler(f"evict-{step}").result().path).result()
+        snapshot = training_client.save_weights_and_get_sampling_client().result()
+        samplers += [named, snapshot]
+        first_outputs += [s.sample(prompt, 1, greedy).result().sequences[0] for s in (named, snapshot)]
+    assert first_outputs[0].logprobs != first_outputs[2].logprobs  # the steps moved the weights
+    for sampler, before in zip(samplers, first_outputs):  # the first two were evicted by the last two
+        again = sampler.sample(prompt, 1, greedy).result().sequences[0]
+        assert again.tokens == before.tokens
+        assert again.logprobs == pytest.approx(before.logprobs, abs=1e-5)
+    assert ("tiny", LoraLayout(rank=4)) in server.samplers._scaffolds  # rebuilt, not kept: the copy they load into

@@ -138,14 +138,16 @@ class Samplers:
     def publish_snapshot(self, model: TrainedModel, session_id: str) -> SamplerSession:
         """A session on `model`'s weights as they are now."""
         source = f"snapshot:{uuid.uuid4().hex}"
+        weights = Weights(model.base_model, model.layout, state=trainable_state(model.policy.model))
+        backend = self._backend(model.policy)  # seconds: built outside the lock the HTTP handlers take
         with self._lock:
-            self.weights[source] = Weights(model.base_model, model.layout, state=trainable_state(model.policy.model))
+            self.weights[source] = weights
             kept = self._kept.setdefault(model.model_id, deque())
             kept.append(source)
             while len(kept) > self.max_kept:
                 self._retire(kept.popleft(), f"{model.model_id} has taken {self.max_kept} newer snapshots since "
                                              f"(this server keeps the last {self.max_kept})")  # fmt: skip
-            self._remember(source, self._backend(model.policy))
+            self._remember(source, backend)
             return self.open(session_id, model.base_model, source)
 
     def replaced(self, path: str) -> int:
@@ -160,10 +162,11 @@ class Samplers:
 
     def publish_path(self, model: TrainedModel, path: str, directory: Path) -> None:
         """The sampler weights just saved at `path` by `model`, its sampling copy taken now."""
+        backend = self._backend(model.policy)
         with self._lock:
             source = f"path:{path}#{self.replaced(path)}"
             self.weights[source] = Weights(model.base_model, model.layout, directory=directory)
-            self._remember(source, self._backend(model.policy))
+            self._remember(source, backend)
 
     def release(self, prefix: str) -> None:
         """Let go of the sessions whose ids start with `prefix` (a finished client
@@ -203,17 +206,19 @@ class Samplers:
         return backend
 
     def live(self, source: str) -> HFBackend:
-        """The decoder of `source`, rebuilt when it was evicted."""
+        """The decoder of `source`, rebuilt when it was evicted (only the worker builds,
+        so no two threads build one source)."""
         with self._lock:
             if source in self._live:
                 self._live.move_to_end(source)
                 return self._live[source]
             weights = self.weights.get(source)
-            if weights is None:
-                raise Stale(f"the weights of {source} are gone; create a new sampling client")
-            backend = self._backend(self._policy_holding(weights))
+        if weights is None:
+            raise Stale(f"the weights of {source} are gone; create a new sampling client")
+        backend = self._backend(self._policy_holding(weights))
+        with self._lock:
             self._remember(source, backend)
-            return backend
+        return backend
 
     def _policy_holding(self, weights: Weights) -> Policy:
         base = self.bases[weights.base_model]
