@@ -392,7 +392,8 @@ class AlgoConfig:
         `turn` (turn-level credit: search cost at its turn, outcome at the last,
         baselines per turn position) or `togo` (each turn's reward-to-go against the
         task's baseline).
-    loss: `ppo` (clipped surrogate) or `vanilla` (policy gradient).
+    loss: `ppo` (clipped surrogate), `vanilla` (policy gradient) or `importance_sampling`
+        (-exp(logp - logp_sampler) x A, unclipped: Tinker's loss of that name).
     aggregation: `token_mean`, `seq_mean_token_mean` or `seq_mean_token_sum_norm`.
     norm_by_std: GRPO/turn std normalisation (False = Dr. GRPO).
     std_scope: `group` (GRPO: each group's std) or `batch` (one std over the batch's
