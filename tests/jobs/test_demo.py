@@ -86,6 +86,17 @@ def test_sft_from_reuses_the_warm_up_weights_and_evaluations(first, tmp_path):
     assert all(torch.equal(trained[name], sft[name]) for name in sft)
 
 
+def test_sft_from_under_a_grammar_reuses_the_weights_and_evaluates_again(first, tmp_path):
+    """rollout.constrain reaches no warm-up (it replays demonstrations), so the weights
+    are reused; the evaluations were sampled without the grammar, so they run again."""
+    out, _ = first
+    overrides = ["optim.lr=0", "rollout.constrain.kind=regex", "rollout.constrain.source=<answer>[a-z]{1,4}</answer>"]
+    again = run_demo(load_recipe(None, TINY + overrides), tmp_path / "c", say=lambda _: None, sft_from=out)
+    assert "sft" not in again["timing_s"] and "eval:base" in again["timing_s"] and "eval:sft" in again["timing_s"]
+    episodes = load_trajectories(tmp_path / "c" / "eval-sft.parquet")
+    assert all(turn.action.startswith("<answer>") for t in episodes for turn in t.turns)
+
+
 def test_sft_from_with_another_reward_rescores_the_warm_up_episodes(first, tmp_path):
     """The warm-up's stored episodes scored with the new reward (a reward reads finished
     episodes): the same tokens, new rewards, nothing generated again."""

@@ -187,7 +187,8 @@ class _SFTRun:
 # the result to compare with one sampler).
 RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
 RL_KEYS = {"rollout": ("group_size", "backend", "vllm_weight_sync", "vllm_url", "vllm_python",
-                       "vllm_timeout_s", "vllm_retries", "vllm_start_timeout_s", "sampling.temperature"),
+                       "vllm_timeout_s", "vllm_retries", "vllm_start_timeout_s", "sampling.temperature",
+                       "constrain"),  # the warm-up replays demonstrations: no grammar reaches it
            "lora": ("base_matmul_dtype",)}  # the training products' precision, not the adapter
 
 
@@ -283,11 +284,12 @@ def load_sft_run(run_dir: str | Path, recipe: Recipe) -> _SFTRun:
     run_dir = Path(run_dir)
     weights, more_turns = warm_up_weights(run_dir, recipe)
     results = run_dir / "results.json"
-    # A warm-up with no evaluations (`ponder warmup`'s, or `ponder train`'s run), or
-    # episodes that may now run longer: the evaluations run again.
-    if not results.is_file() or more_turns:
-        return _SFTRun(run_dir, weights, {})
+    # A warm-up with no evaluations (`ponder warmup`'s, or `ponder train`'s run), episodes
+    # that may now run longer, or another grammar to sample them under (rollout.constrain):
+    # the evaluations run again.
     saved = to_dict(load_recipe(run_dir / "recipe.yaml"))
+    if not results.is_file() or more_turns or saved["rollout"]["constrain"] != to_dict(recipe)["rollout"]["constrain"]:
+        return _SFTRun(run_dir, weights, {})
     stages = json.loads(results.read_text())["stages"]
     kept = {name: stages[name] for name in ("oracle", "base", "sft") if name in stages}
     if saved["reward"] == to_dict(recipe)["reward"]:
