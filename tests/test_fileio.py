@@ -70,3 +70,20 @@ def test_atomic_path_fsyncs_the_file_before_the_rename_and_the_directory_after(t
     assert os.path.basename(temp_name).startswith(".data.json.") and not existed_then
     assert directory == str(tmp_path)
     assert (tmp_path / "data.json").read_text() == "{}"
+
+
+def test_atomic_dir_appears_whole_or_not_at_all(tmp_path):
+    from ponder.fileio import atomic_dir
+
+    out = tmp_path / "model"
+    with pytest.raises(RuntimeError):
+        with atomic_dir(out) as staging:
+            (staging / "half").write_text("x")
+            raise RuntimeError("failed midway")
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
+    with atomic_dir(out) as staging:
+        (staging / "whole").write_text("x")
+    assert [p.name for p in out.iterdir()] == ["whole"]
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        with atomic_dir(out):
+            pass

@@ -45,6 +45,27 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A staging directory beside `path` (which must not exist or be empty) that becomes
+    `path` when the block ends without an error, and is removed when it raises: a
+    reader never sees half a directory."""
+    import shutil
+
+    out = Path(path)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out}: exists and is not empty; choose a new --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
+    try:
+        yield staging
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def fsync_path(path: str | os.PathLike[str]) -> None:
     """fsync a file or a directory (a directory: so a rename into it survives a power cut)."""
     fd = os.open(path, os.O_RDONLY)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ponder.fileio import atomic_dir
 from ponder.models.loading import load_policy
 
 
@@ -51,20 +50,10 @@ def write_student(source: str, keep: int, out: str | os.PathLike[str]) -> tuple[
     """`source` (any model ponder loads: a run, a HF directory, the embedded model) with
     `keep` of its decoder layers, as a HF model directory at `out` (new or empty),
     written whole or not at all. Returns the directory and the kept layer indices."""
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out}: exists and is not empty; choose a new --out")
-    policy = load_policy(source, "float32", "cpu")
-    kept = layers_to_keep(policy.model.config.num_hidden_layers, keep)
-    student = drop_layers(policy.model, kept)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
-    try:
+    with atomic_dir(out) as staging:  # a taken --out fails here, before the model loads
+        policy = load_policy(source, "float32", "cpu")
+        kept = layers_to_keep(policy.model.config.num_hidden_layers, keep)
+        student = drop_layers(policy.model, kept)
         student.save_pretrained(staging, safe_serialization=True)
         policy.tokenizer.save_pretrained(staging)
-        if out.exists():
-            out.rmdir()
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out, kept
+    return Path(out), kept
