@@ -60,3 +60,21 @@ def test_bad_prompt_logprobs_are_400(teacher_server):
     reply = httpx.post(f"{teacher_server.url}/completions", json={"model": "tiny", "prompt": [1, 2, 3],
                                                                   "max_tokens": 1, "prompt_logprobs": 99})  # fmt: skip
     assert reply.status_code == 400 and "prompt_logprobs must be between 0 and 20" in reply.text
+
+
+def test_a_url_teachers_top_k_is_the_in_process_ones(teacher_server):
+    """teacher.loss topk through a server: the same k tokens, in the same order, with the
+    same log-probabilities as the in-process teacher's top-k of its logits."""
+    from ponder.train.teacher import ModelScorer
+
+    policy = tiny_policy()
+    rows = [policy.tokenizer.encode(text) for text in ("one two three four", "a b c")]
+    trajectories = [Trajectory(f"t{i}", ids[:2], ids[2:], [1] * (len(ids) - 2), [0.0] * (len(ids) - 2))
+                    for i, ids in enumerate(rows)]  # fmt: skip
+    batch = collate(trajectories, policy.tokenizer.pad_token_id)
+    remote_ids, remote = UrlTeacher(teacher_server.url).topk(batch, 4, 1.0, 3)
+    local_ids, local = ModelScorer(policy).topk(batch, 4, 1.0, 3)
+    on = batch.loss_mask.bool()
+    assert torch.equal(remote_ids[on], local_ids[on])
+    assert (remote[on] - local[on]).abs().max() < 1e-4
+    assert (local[on][:, 0] >= local[on][:, 1]).all()  # likeliest first

@@ -68,3 +68,57 @@ def test_one_teacher_per_task_kind():
     assert (scores[~on] == batch.old_logprobs[~on]).all()  # only policy tokens are scored
     only_math = Teacher({"math": constant(-0.5)}).token_logprobs(batch, ["math", "search_qa", "math"], 4, 1.0)
     assert torch.equal(only_math[1], batch.old_logprobs[1])
+
+
+@pytest.mark.parametrize("loss", ["gkd", "topk"])
+def test_gkd_and_topk_train_as_a_loss_term(tmp_path, loss):
+    """teacher.loss gkd / topk: a loss term beside the policy loss. Its logged value is
+    the loss over the policy tokens computed by hand from the student's and the
+    teacher's next-token distributions, and it moves the weights."""
+    from ponder.algos.distill import DISTILL_LOSSES, DistillConfig, TeacherScores
+    from ponder.train.teacher import ModelScorer
+
+    recipe = load_recipe(None, TINY + [f"teacher.loss={loss}", "teacher.top_k=5", "teacher.beta=0.3"])
+    trainer = rl_trainer(recipe, tmp_path, reward=lambda t, task: (0.0, {}))
+    other = ModelScorer(tiny_policy(seed=5))
+    trainer.teacher = Teacher({"": other})
+    tasks = trainer.sampler.next_batch(2)
+    trajectories, _ = trainer.engine.run(tasks)
+    batch = collate(trajectories, trainer.policy.tokenizer.pad_token_id)
+    trainer._no_grad_passes(batch)
+    trainer._teacher_pass(batch, tasks)
+    advantages, returns = trainer._advantages(batch)
+    assert (advantages == 0).all()  # advantage none: the distillation term is the whole signal
+
+    keep = batch.loss_mask.bool().any(0).nonzero().squeeze(-1)
+    student = ModelScorer(trainer.policy).logits(batch, keep, 1.0)
+    if loss == "gkd":
+        scores = TeacherScores(logits=other.logits(batch, keep, 1.0))
+    else:
+        scores = TeacherScores(topk_ids=batch.teacher_topk_ids[:, keep], topk_logprobs=batch.teacher_topk_logprobs[:, keep])
+    mask = batch.loss_mask[:, keep]
+    expected = DISTILL_LOSSES.get(loss)(student, scores, mask, DistillConfig(0.3, 1.0))[mask.bool()].mean().item()
+
+    from ponder.train.update import optimise
+
+    before = [p.detach().clone() for p in trainer._trainable()]
+    update = optimise(trainer.update_inputs(), batch, advantages, returns)
+    assert update["loss/distill"] == pytest.approx(expected, rel=1e-3)
+    assert expected > 0 and update["optim/grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer._trainable()))
+
+
+def test_gkd_from_a_teacher_equal_to_the_student_is_zero(tmp_path):
+    trainer = rl_trainer(load_recipe(None, TINY + ["teacher.loss=gkd"]), tmp_path, reward=lambda t, task: (0.0, {}))
+    metrics = trainer.train_step()  # the LoRA student starts as the base: the teacher
+    assert abs(metrics["loss/distill"]) < 1e-6 and metrics["optim/grad_norm"] < 1e-5
+
+
+def test_bad_distillation_settings_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="teacher.loss: unknown 'jsd'; valid: opd, gkd, topk"):
+        rl_trainer(load_recipe(None, TINY + ["teacher.loss=jsd"]), tmp_path)
+    with pytest.raises(ValueError, match="teacher.top_k must be >= 1"):
+        rl_trainer(load_recipe(None, TINY + ["teacher.loss=topk", "teacher.top_k=0"]), tmp_path)
+    url = TINY[:-1] + ["teacher.model=http://127.0.0.1:9/v1", "teacher.loss=gkd"]
+    with pytest.raises(ValueError, match="teacher.loss gkd reads the teacher's whole next-token distribution"):
+        rl_trainer(load_recipe(None, url), tmp_path)

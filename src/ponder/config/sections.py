@@ -662,11 +662,22 @@ class TeacherConfig:
         otherwise). "" = none.
     dtype: an in-process teacher's weights' dtype (`auto`: the student's).
     served_model: a URL teacher's model name ("" = the server's first).
+    loss: how the teacher's scores train the student (ponder.algos.distill):
+        `opd` (on-policy distillation: coef x (log p_teacher - log p_student) joins
+        each sampled token's advantage), `gkd` (generalised JSD between the full
+        next-token distributions at the sampled positions, a loss term weighted by
+        algo.distill_coef; in-process teachers) or `topk` (forward KL on the teacher's
+        top_k tokens, renormalised; any teacher, a URL one through its top logprobs).
+    beta: gkd's interpolation: 0 forward KL, 1 reverse KL, between the JSD (0.5).
+    top_k: tokens per position for `topk` (20).
     """
 
     model: str | dict[str, str] = ""
     dtype: str = "auto"
     served_model: str = ""
+    loss: str = "opd"
+    beta: float = 0.5
+    top_k: int = 20
 
 
 @dataclass

@@ -26,6 +26,7 @@ def forward_policy(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     masks: Any = None,
+    kept_logits: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One pass: (logprobs [B, L-1], entropy [B, L-1] or None, values [B, L-1] or None).
 
@@ -46,6 +47,9 @@ def forward_policy(
     `masks` (a rollout.constrain.ConstraintMasks, for actions sampled under a grammar):
     `masks.at(keep, vocab)` says which tokens each position allowed; the others' logits
     are pushed to MASKED first, so logprobs are those of the masked distribution.
+    `kept_logits`: a list that receives (keep [K], the logits at those positions divided
+    by the temperature [B, K, V], with their graph): what a loss over the whole
+    next-token distribution reads (algos/distill.py), without a second pass.
     """
     with saved_activations(model, input_ids):
         keep = None
@@ -74,6 +78,8 @@ def forward_policy(
         if masks is not None:
             allowed = masks.at(keep, scaled.shape[-1]).to(scaled.device)
             scaled = scaled.float().masked_fill(~allowed, MASKED)
+        if kept_logits is not None:
+            kept_logits.append((keep, scaled))
         picked, entropy = logprobs_and_entropy(scaled, input_ids[:, keep + 1], with_entropy, entropy_grad)
         shape = (input_ids.shape[0], input_ids.shape[1] - 1)
         logprobs = picked.new_zeros(shape).index_copy(1, keep, picked)

@@ -31,7 +31,9 @@ class TokenBatch:
     constraints: per row, the grammar its actions were sampled under
     (Trajectory.constraint, rollout.constrain), or None when no row had one.
     teacher_logprobs: [B, L-1], a teacher's log-probabilities of the tokens
-    (algo.distill_coef, train/teacher.py), else None.
+    (algo.distill_coef, train/teacher.py), else None. teacher_topk_ids,
+    teacher_topk_logprobs: [B, L-1, K], the teacher's k likeliest tokens at each
+    position and their log-probabilities (algo.distill_loss topk), else None.
     """
 
     input_ids: torch.Tensor
@@ -51,6 +53,8 @@ class TokenBatch:
     old_from_forward: bool = False
     constraints: list | None = None
     teacher_logprobs: torch.Tensor | None = None
+    teacher_topk_ids: torch.Tensor | None = None
+    teacher_topk_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -76,7 +80,7 @@ class TokenBatch:
             value = value[index]
             if f.name in ("input_ids", "attention_mask"):
                 value = value[:, :length]
-            elif value.dim() == 2 and f.name not in ("turn_rewards", "turn_mask"):
+            elif value.dim() >= 2 and f.name not in ("turn_rewards", "turn_mask"):
                 value = value[:, : length - 1]
             picked[f.name] = value
         picked["group_ids"] = [self.group_ids[i] for i in indices]

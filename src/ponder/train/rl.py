@@ -36,7 +36,7 @@ from ponder.algos import (
     kl_penalty_rewards,
 )
 from ponder.algos.curriculum import CURRICULA
-from ponder.algos.distill import opd_advantage
+from ponder.algos.distill import DISTILL_LOSSES, DistillConfig, opd_advantage
 from ponder.algos.filters import GROUP_FILTERS
 from ponder.algos.kl import KL_REFERENCES
 from ponder.config import Recipe, to_dict
@@ -66,6 +66,7 @@ from ponder.train.sampler import build_sampler, cycled_order
 from ponder.train.sft import BEHAVIOURS
 from ponder.train.teacher import Teacher
 from ponder.train.update import (
+    DistillTerm,
     TrainingError,
     UpdateInputs,
     forward_pass_no_grad,
@@ -166,6 +167,7 @@ class RLTrainer:
         self.best = BestSoFar(cfg.patience)
         self.demonstrations: list[Trajectory] = []  # algo.sft_coef's anchor (use_demonstrations)
         self.teacher: Teacher | None = None  # algo.distill_coef's (train/teacher.py load_teacher)
+        self._kind_of: dict[str, str] = {}  # task id -> kind, of the step's tasks (the teacher's per-kind choice)
         self.engine = build_engine(backend, env_factory, recipe.rollout)
         # rollout.constrain: the masks actions were sampled under, applied again by every pass
         self.masks_for = constraint_masks(policy, getattr(backend, "eos_ids", None))
@@ -334,12 +336,14 @@ class RLTrainer:
         if self.teacher is None or self.recipe.algo.distill_coef == 0:
             return {}
         tick = time.perf_counter()
-        kind_of = {task.id: task.kind for task in tasks}
-        algo = self.recipe.algo
-        batch.teacher_logprobs = self.teacher.token_logprobs(
-            batch, [kind_of.get(g, "") for g in batch.group_ids], algo.logprob_micro_batch_size or algo.micro_batch_size,
-            self.recipe.rollout.sampling.temperature,
-        )  # fmt: skip
+        self._kind_of = {task.id: task.kind for task in tasks}  # the update's teacher_logits reads it
+        kinds = [self._kind_of.get(g, "") for g in batch.group_ids]
+        algo, teacher = self.recipe.algo, self.recipe.teacher
+        micro, temperature = algo.logprob_micro_batch_size or algo.micro_batch_size, self.recipe.rollout.sampling.temperature
+        batch.teacher_logprobs = self.teacher.token_logprobs(batch, kinds, micro, temperature)
+        if teacher.loss != "opd" and DISTILL_LOSSES.trait(teacher.loss, "teacher") == "topk":
+            batch.teacher_topk_ids, batch.teacher_topk_logprobs = self.teacher.topk(batch, kinds, micro, temperature,
+                                                                                    teacher.top_k)  # fmt: skip
         gap = (batch.old_logprobs - batch.teacher_logprobs)[batch.loss_mask.bool()]
         return {"distill/reverse_kl": gap.mean().item() if gap.numel() else 0.0,
                 "time/teacher_s": time.perf_counter() - tick}  # fmt: skip
@@ -361,7 +365,7 @@ class RLTrainer:
             algo.whiten_gae,
         )  # fmt: skip
         advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
-        if batch.teacher_logprobs is not None:  # on-policy distillation beside the reward's advantages
+        if batch.teacher_logprobs is not None and self.recipe.teacher.loss == "opd":  # beside the reward's advantages
             advantages = advantages + algo.distill_coef * opd_advantage(batch.old_logprobs, batch.teacher_logprobs,
                                                                         batch.loss_mask)  # fmt: skip
         return advantages, returns
@@ -429,8 +433,21 @@ class RLTrainer:
         return UpdateInputs(
             self.policy, self.value_head, recipe.algo, self.loss_config(), recipe.rollout.sampling.temperature,
             self.kl.coef, self._trainable(), self.optimizer, self.scheduler, recipe.optim.max_grad_norm,
-            self.demonstration_batch(), self.masks_for,
+            self.demonstration_batch(), self.masks_for, self._distill_term(),
         )  # fmt: skip
+
+    def _distill_term(self) -> DistillTerm | None:
+        """teacher.loss gkd / topk as a loss term of the update (opd is an advantage)."""
+        teacher = self.recipe.teacher
+        if self.teacher is None or teacher.loss == "opd" or self.recipe.algo.distill_coef == 0:
+            return None
+        temperature = self.recipe.rollout.sampling.temperature
+
+        def teacher_logits(part: TokenBatch, keep: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+            return self.teacher.logits(part, [self._kind_of.get(g, "") for g in part.group_ids], keep, temperature)
+
+        return DistillTerm(teacher.loss, self.recipe.algo.distill_coef, DistillConfig(teacher.beta, temperature),
+                           teacher_logits)  # fmt: skip
 
     def demonstration_batch(self) -> TokenBatch | None:
         """This step's algo.sft_rows demonstrations (None without algo.sft_coef): the
@@ -607,6 +624,12 @@ def check_recipe(recipe: Recipe) -> None:
         raise ValueError("algo.distill_coef (>= 0) and teacher.model come together: the teacher scores what "
                          f"distill_coef weighs; got distill_coef {recipe.algo.distill_coef} and teacher.model "
                          f"{recipe.teacher.model!r}")  # fmt: skip
+    if recipe.teacher.loss not in ("opd", *DISTILL_LOSSES.names()):
+        raise ValueError(f"teacher.loss: unknown '{recipe.teacher.loss}'; valid: opd, "
+                         f"{', '.join(DISTILL_LOSSES.names())}")  # fmt: skip
+    if recipe.teacher.top_k < 1 or not 0 <= recipe.teacher.beta <= 1:
+        raise ValueError(f"teacher.top_k must be >= 1 and teacher.beta in [0, 1], got {recipe.teacher.top_k} and "
+                         f"{recipe.teacher.beta}")  # fmt: skip
     if recipe.algo.sft_coef < 0 or recipe.algo.sft_rows < 1:
         raise ValueError(f"algo.sft_coef must be >= 0 and algo.sft_rows >= 1, got {recipe.algo.sft_coef} and "
                          f"{recipe.algo.sft_rows}")  # fmt: skip

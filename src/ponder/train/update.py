@@ -27,6 +27,7 @@ from ponder.algos import (
     tis_weights,
     value_loss,
 )
+from ponder.algos.distill import DISTILL_LOSSES, DistillConfig, TeacherScores
 from ponder.algos.utils import masked_mean
 from ponder.config import AlgoConfig
 from ponder.models import Policy
@@ -60,6 +61,21 @@ class UpdateInputs:
     max_grad_norm: float | None
     demonstrations: TokenBatch | None = None
     masks_for: Callable[..., Any] | None = None
+    distill: DistillTerm | None = None
+
+
+@dataclass
+class DistillTerm:
+    """A distillation loss beside the policy loss (teacher.loss gkd or topk; opd is an
+    advantage, train/rl.py): `loss` a DISTILL_LOSSES name, weighted by `coef`.
+    `teacher_logits(part, keep)` -> (the teacher's logits / T at positions keep [rows,
+    K, V], the rows of `part` it scores), for losses that read the teacher's logits;
+    `topk` losses read the batch's teacher_topk_* instead."""
+
+    loss: str
+    coef: float
+    config: DistillConfig
+    teacher_logits: Callable[[TokenBatch, torch.Tensor], tuple[torch.Tensor, list[int]]] | None = None
 
 
 @torch.no_grad()
@@ -190,6 +206,8 @@ def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
     kl_in_loss = mini.ref_logprobs is not None and inputs.kl_coef != 0 and not algo.kl_in_reward
     if inputs.value_head is not None or algo.entropy_coef != 0 or kl_in_loss:
         return [True] * len(mini)
+    if inputs.distill is not None:
+        return [True] * len(mini)
     return ((mini.advantages != 0) & mini.loss_mask.bool()).any(dim=-1).tolist()
 
 
@@ -197,9 +215,10 @@ def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float
     algo, loss_cfg = inputs.algo, inputs.loss
     mask = part.loss_mask
     masks = inputs.masks_for(part.input_ids, mask, part.constraints) if inputs.masks_for is not None else None
+    kept: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if inputs.distill is not None else None
     logprobs, entropy, values = forward_policy(
         inputs.policy.model, part.input_ids, part.attention_mask, inputs.temperature, inputs.value_head, mask,
-        with_entropy=True, entropy_grad=algo.entropy_coef > 0, masks=masks,
+        with_entropy=True, entropy_grad=algo.entropy_coef > 0, masks=masks, kept_logits=kept,
     )  # fmt: skip
     old = logprobs.detach() if part.old_from_forward else part.old_logprobs
     per_token, metrics = policy_loss(algo.loss, logprobs, old, part.advantages, mask, loss_cfg)
@@ -222,12 +241,42 @@ def _micro_batch_loss(inputs: UpdateInputs, part: TokenBatch, denominator: float
         bonus = entropy_bonus(entropy, mask)
         loss = loss + algo.entropy_coef * aggregate(algo.aggregation, bonus, mask, loss_cfg, denominator)
     stats["policy/entropy"] = float(masked_mean(entropy.detach(), mask))
+    if kept:
+        per_distill, distill_mask = _distill_per_token(inputs.distill, part, *kept[0])
+        loss = loss + inputs.distill.coef * aggregate(algo.aggregation, per_distill, distill_mask, loss_cfg, denominator)
+        stats["loss/distill"] = float(masked_mean(per_distill.detach(), distill_mask))
     if values is not None:
         per_value, value_metrics = value_loss(values, part.old_values, part.returns, mask, algo.value_clip)
         loss = loss + algo.value_coef * aggregate(algo.aggregation, per_value, mask, loss_cfg, denominator)
         stats.update({f"value/{k}": float(v) for k, v in value_metrics.items()})
         stats["loss/value"] = float(masked_mean(per_value.detach(), mask))
     return loss, stats
+
+
+def _distill_per_token(term: DistillTerm, part: TokenBatch, keep: torch.Tensor,
+                       student_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The distillation loss per token [b, L-1] at the kept positions (0 elsewhere) and
+    the mask of the tokens it covers: policy tokens of the rows a teacher scores."""
+    mask = part.loss_mask[:, keep]
+    if DISTILL_LOSSES.trait(term.loss, "teacher") == "topk":
+        scores = TeacherScores(topk_ids=part.teacher_topk_ids[:, keep], topk_logprobs=part.teacher_topk_logprobs[:, keep])
+        mask = mask * scores.topk_logprobs[..., 0].isfinite()
+        scores.topk_logprobs = scores.topk_logprobs.nan_to_num(0.0)
+        rows = list(range(len(part)))
+    else:
+        teacher_logits, rows = term.teacher_logits(part, keep)
+        scores = TeacherScores(logits=teacher_logits)
+    covered = torch.zeros_like(mask)
+    covered[rows] = mask[rows]
+    per_kept = torch.zeros(mask.shape, device=mask.device)
+    if rows:
+        index = torch.tensor(rows, device=mask.device)
+        values = DISTILL_LOSSES.get(term.loss)(student_logits[index], scores, covered[index], term.config)
+        per_kept = per_kept.index_copy(0, index, values)
+    shape = part.loss_mask.shape
+    full_mask = torch.zeros(shape, dtype=part.loss_mask.dtype, device=mask.device).index_copy(1, keep, covered)
+    per_token = torch.zeros(shape, device=mask.device).index_copy(1, keep, per_kept)
+    return per_token, full_mask
 
 
 class TrainingError(RuntimeError):
