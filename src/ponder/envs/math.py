@@ -16,10 +16,11 @@ from typing import Any
 
 from ponder.envs.base import EnvContext, EnvSpec, Opening, register_env
 from ponder.envs.math_tasks import CALCULATOR_FROM_LEVEL, LEVELS, math_splits
-from ponder.envs.math_variants import VARIANTS, lure_taken, variant_tasks
+from ponder.envs.math_variants import TRAIN_VARIANTS, VARIANTS, lure_taken, training_tasks, variant_tasks
 from ponder.rewards.math import answer_format, calculator_calls, contains_answer, correct, verbosity
 from ponder.rewards.process import process, process_rewards
 from ponder.tools import ToolRegistry, run_tool_step
+from ponder.tools.step import RepeatedCalls
 from ponder.tools.builtin import calculator
 from ponder.tools.parsers import SearchR1Parser
 from ponder.types import Task, Turn
@@ -42,7 +43,7 @@ WITHOUT_CALCULATOR = (
 REWARD_WEIGHTS = {"correct": 1.0, "format": 0.1, "calc_cost": 0.0, "process": 0.0, "lure_taken": 0.0,
                   "contains_answer": 0.0, "verbosity": 0.0}
 OPTIONS = ("seed", "n_train", "n_eval", "difficulties", "mix", "calculator", "calculator_from", "max_turns",
-           "variant")  # fmt: skip
+           "variant", "train_variants", "max_repeated_calls")  # fmt: skip
 
 
 def math_parser(calculator_on: bool) -> SearchR1Parser:
@@ -71,6 +72,8 @@ class MathEnv:
     # Each turn's reward is process_weight x its process score (reward.terms.process):
     # the turn-level advantage reads it there. 0 = no per-turn reward (outcome only).
     process_weight: float = 0.0
+    # An identical calculator call made this many times ends the episode, unrun (0 = never).
+    max_repeated_calls: int = 0
 
     def __post_init__(self) -> None:
         self.parser = math_parser(self.calculator_on)
@@ -79,14 +82,16 @@ class MathEnv:
         self.registry = ToolRegistry([tool] if self.calculator_on else [])
         self.turn_index = 0
         self.turns: list[Turn] = []
+        self.repeats = RepeatedCalls(self.max_repeated_calls)
 
     def reset(self, task: Task) -> Opening:
         self.turn_index = 0
         self.turns = []
+        self.repeats = RepeatedCalls(self.max_repeated_calls)
         return Opening(build_messages(task, self.calculator_on), self.registry.specs())
 
     def step(self, action: str) -> tuple[str | None, bool, dict[str, Any]]:
-        outcome = run_tool_step(action, self.parser, self.registry)
+        outcome = run_tool_step(action, self.parser, self.registry, repeats=self.repeats)
         turn = outcome.turn(self.turn_index, action)
         self.turn_index += 1
         self.turns.append(turn)
@@ -95,6 +100,10 @@ class MathEnv:
             info["reward"] = self.process_weight * process_rewards(self.turns)[-1]
         if outcome.parse.answer is not None:
             return None, True, {**info, "stop_reason": "answer"}
+        if outcome.stopped is not None:  # a call loop: say why on the turn, count it for the metrics
+            turn.error = outcome.observation
+            return outcome.observation, True, {**info, "stop_reason": outcome.stopped,
+                                               "metrics": {"repeated_call_stop": 1.0}}  # fmt: skip
         if self.turn_index >= self.max_turns:
             return None, True, {**info, "stop_reason": "max_turns"}
         turn.observation = outcome.observation
@@ -108,11 +117,15 @@ def math_options(options: dict[str, Any], default_max_turns: int = 3) -> dict[st
         raise ValueError(f"env.options for math: unknown {unknown}; valid: {', '.join(OPTIONS)}")
     merged = {"seed": 0, "n_train": 512, "n_eval": 128, "difficulties": list(LEVELS), "mix": None,
               "calculator": True, "calculator_from": CALCULATOR_FROM_LEVEL, "max_turns": default_max_turns,
-              "variant": "none", **options}  # fmt: skip
+              "variant": "none", "train_variants": ["none"], "max_repeated_calls": 0, **options}  # fmt: skip
     if merged["variant"] not in VARIANTS:
         raise ValueError(f"env.options.variant for math: want one of {', '.join(VARIANTS)}, "
                          f"got {merged['variant']!r}")  # fmt: skip
-    for key in ("n_train", "n_eval", "max_turns", "calculator_from"):
+    drawn = merged["train_variants"]
+    if not isinstance(drawn, list) or not drawn or any(v not in TRAIN_VARIANTS for v in drawn):
+        raise ValueError(f"env.options.train_variants for math: want a list of {', '.join(TRAIN_VARIANTS)}, "
+                         f"got {drawn!r}")  # fmt: skip
+    for key in ("n_train", "n_eval", "max_turns", "calculator_from", "max_repeated_calls"):
         if not isinstance(merged[key], int) or merged[key] < (1 if key == "max_turns" else 0):
             raise ValueError(f"env.options.{key} for math: want a whole number >= {int(key == 'max_turns')}, "
                              f"got {merged[key]!r}")  # fmt: skip
@@ -140,8 +153,17 @@ def build_math(ctx: EnvContext) -> EnvSpec:
       variant: the evaluation split as it is (`none`) or its adversarial twin
         (ponder.envs.math_variants): `ood` (rephrased in templates and words training
         never uses), `distractor` (an irrelevant number added), `bait` (a wrong
-        "the answer is probably N" added). The same held-out problems and answers;
-        the training split never changes.
+        "the answer is probably N" added), `far` (another setting, sentence shape
+        and wording: a bakery, a timetable, money in cents; the question first,
+        the passive; numbers in words, units, some with an irrelevant number). The
+        same held-out problems and answers; the training split never changes.
+      train_variants: the variants training tasks are told in, one drawn per task
+        (seeded) from the list: `none`, `ood`, `far` ([none]: as generated). `far`
+        in training uses phrasings the `far` evaluation never does, and no training
+        question equals an evaluation question of any variant.
+      max_repeated_calls: an episode that makes the same calculator call (same
+        expression up to spaces) this many times ends there, that call not run;
+        its stop reason is `repeated_call` (0: never, the default).
     A `calculator` from env.mcp_servers (taking `expression`) replaces the built-in one.
     Reward components: correct (1 / 0, exact), format (the answer as one number in
     `<answer>`, no protocol errors), calc_cost (calculator calls), process (the
@@ -158,6 +180,9 @@ def build_math(ctx: EnvContext) -> EnvSpec:
     seed, levels, mix = options["seed"], options["difficulties"], options["mix"]
     solver = (options["calculator"], options["calculator_from"])
     train, evaluation = math_splits(seed, options["n_train"], options["n_eval"], levels, mix, *solver)
+    if options["train_variants"] != ["none"]:  # the same training problems, told in several ways
+        train = training_tasks(options["train_variants"], seed, options["n_train"], options["n_eval"], levels, mix,
+                               *solver)  # fmt: skip
     if options["variant"] != "none":  # the same held-out problems, made adversarial
         evaluation = variant_tasks(options["variant"], seed, options["n_eval"], levels, mix, *solver)
     calculator_on, max_turns = bool(options["calculator"]), options["max_turns"]
@@ -171,5 +196,6 @@ def build_math(ctx: EnvContext) -> EnvSpec:
     # the per-turn rewards must add up to what the composite charges for `process`
     terms = dict(ctx.recipe.reward.terms) if ctx.recipe is not None else {}
     process_weight = float(terms.get("process", REWARD_WEIGHTS["process"]))
-    factory = lambda: MathEnv(calculator_on, max_turns, served, process_weight)  # a fresh episode per call
+    repeats = options["max_repeated_calls"]
+    factory = lambda: MathEnv(calculator_on, max_turns, served, process_weight, repeats)  # a fresh episode per call
     return EnvSpec(factory, train, evaluation, rewards, dict(REWARD_WEIGHTS))

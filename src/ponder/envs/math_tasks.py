@@ -212,13 +212,19 @@ def to_task(task_id: str, problem: Problem, calculator: bool, calculator_from: i
                 oracle_actions=worked_solution(problem, calculator, calculator_from), metadata=metadata)  # fmt: skip
 
 
+def split_problems(seed: int, n_train: int, n_eval: int, levels: Sequence[int],
+                   weights: Sequence[float] | None) -> tuple[list[Problem], list[Problem]]:  # fmt: skip
+    """(training, held-out) problems of math_splits, before they become tasks."""
+    held_out = generate_problems(seed, n_eval, levels, weights)
+    seen = {problem.question for problem in held_out}
+    return generate_problems(seed + 1_000_003, n_train, levels, weights, exclude=seen), held_out
+
+
 def math_splits(seed: int, n_train: int, n_eval: int, levels: Sequence[int], weights: Sequence[float] | None,
                 calculator: bool, calculator_from: int = CALCULATOR_FROM_LEVEL) -> tuple[list[Task], list[Task]]:  # fmt: skip
     """(train, eval) tasks with no question text in both. Evaluation tasks are drawn
     first, so they stay the same when only n_train changes."""
-    held_out = generate_problems(seed, n_eval, levels, weights)
-    seen = {problem.question for problem in held_out}
-    training = generate_problems(seed + 1_000_003, n_train, levels, weights, exclude=seen)
+    training, held_out = split_problems(seed, n_train, n_eval, levels, weights)
     evaluation = [to_task(f"math-eval-{i:04d}", p, calculator, calculator_from) for i, p in enumerate(held_out)]
     train = [to_task(f"math-train-{i:04d}", p, calculator, calculator_from) for i, p in enumerate(training)]
     return train, evaluation

@@ -9,7 +9,13 @@ against the plain split is a paired comparison that isolates what changed:
   distractor  one sentence with an irrelevant number, before the question ("The
               shop is 23 minutes away."); the answer is unchanged;
   bait        a wrong answer offered in the prompt ("The answer is probably 13."),
-              a near miss or a number of the problem, never the right answer.
+              a near miss or a number of the problem, never the right answer;
+  far         told in another setting, sentence shape and wording (a bakery, a
+              timetable, money in cents; the question first; "seven"; "5 kg"), some
+              with an irrelevant number (ponder.envs.math_far, its `eval` half).
+
+`training_tasks` diversifies the training split with `ood` and `far` (the `train` half
+of the far phrasings, disjoint from the evaluation half) for `env.options.train_variants`.
 
 The planted number (bait or distractor) is the task's `metadata["lure"]`;
 `lure_taken` scores whether an episode answered with it. The generator is seeded from
@@ -23,11 +29,14 @@ import random
 import re
 from collections.abc import Callable, Sequence
 
-from ponder.envs.math_tasks import ANIMALS, ITEMS, NAMES, PRICED, Problem, generate_problems, to_task
+from ponder.envs.math_far import far_rephrase
+from ponder.envs.math_tasks import ANIMALS, ITEMS, NAMES, PRICED, Problem, generate_problems, split_problems, to_task
 from ponder.rewards.math import answers_match, predicted_answer
 from ponder.types import Task, Trajectory
 
-VARIANTS = ("none", "ood", "distractor", "bait")
+VARIANTS = ("none", "ood", "distractor", "bait", "far")
+TRAIN_VARIANTS = ("none", "ood", "far")  # what env.options.train_variants may draw
+MAX_REDRAWS = 20  # a training rendering equal to an evaluation question is drawn again
 # Words the training templates never use, so `ood` changes vocabulary as well as syntax.
 OOD_NAMES = ("Priya", "Mateo", "Aiko", "Bruno", "Farah", "Elif", "Jonas", "Wen")
 OOD_ITEMS = ("lanterns", "kites", "buttons", "ribbons", "candles", "tickets", "beads", "feathers")
@@ -115,9 +124,11 @@ def add_bait(problem: Problem, rng: random.Random) -> tuple[Problem, int]:
     return dataclasses.replace(problem, question=question, template=f"bait-{problem.template}"), number
 
 
-def _transform(variant: str) -> Callable[[Problem, random.Random], tuple[Problem, int | None]]:
+def _transform(variant: str, half: str = "eval") -> Callable[[Problem, random.Random], tuple[Problem, int | None]]:
     if variant == "ood":
         return lambda problem, rng: (rephrase(problem, rng), None)
+    if variant == "far":
+        return lambda problem, rng: far_rephrase(problem, rng, half)
     return {"distractor": add_distractor, "bait": add_bait}[variant]
 
 
@@ -134,6 +145,37 @@ def variant_tasks(variant: str, seed: int, n_eval: int, levels: Sequence[int], w
     for index, problem in enumerate(generate_problems(seed, n_eval, levels, weights)):
         changed, lure = transform(problem, rng)
         task = to_task(f"math-{variant}-{index:04d}", changed, calculator, calculator_from)
+        task.metadata.update(variant=variant, base_question=problem.question, lure=lure)
+        tasks.append(task)
+    return tasks
+
+
+def training_tasks(train_variants: Sequence[str], seed: int, n_train: int, n_eval: int, levels: Sequence[int],
+                   weights: Sequence[float] | None, calculator: bool, calculator_from: int) -> list[Task]:  # fmt: skip
+    """The training split of math_splits(seed, n_train, n_eval, …), each task told in a
+    variant drawn (seeded) from `train_variants` (`none`, `ood`, `far`; a name listed
+    twice is drawn twice as often). `far` draws the train half of the far phrasings;
+    no question equals an evaluation question of any variant (such a draw is drawn
+    again, then left plain). Metadata as in variant_tasks."""
+    unknown = [variant for variant in train_variants if variant not in TRAIN_VARIANTS]
+    if not train_variants or unknown:
+        raise ValueError(f"math train_variants {list(train_variants)}: each must be one of {', '.join(TRAIN_VARIANTS)}")
+    training, held_out = split_problems(seed, n_train, n_eval, levels, weights)
+    evaluation = {problem.question for problem in held_out}
+    for variant in VARIANTS[1:]:
+        evaluation |= {t.question for t in variant_tasks(variant, seed, n_eval, levels, weights, calculator, 1)}
+    rng = random.Random(f"math-train-variants-{seed}")
+    tasks = []
+    for index, problem in enumerate(training):
+        variant = rng.choice(list(train_variants))
+        changed, lure = problem, None
+        for _ in range(MAX_REDRAWS if variant != "none" else 0):
+            changed, lure = _transform(variant, "train")(problem, rng)
+            if changed.question not in evaluation:
+                break
+        else:
+            changed, lure, variant = problem, None, "none"
+        task = to_task(f"math-train-{index:04d}", changed, calculator, calculator_from)
         task.metadata.update(variant=variant, base_question=problem.question, lure=lure)
         tasks.append(task)
     return tasks
