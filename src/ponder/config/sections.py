@@ -239,6 +239,11 @@ class ShapingConfig:
     repetition_n / repetition_threshold: the n-gram length and the repeated share
         at which the `repetition` detector fires.
     truncation: the episode ran into the token limit.
+    repeated_call: one identical tool call (tool and arguments, spaces normalised:
+        the same `<calculator>` expression) made repeated_call_k times or more, or
+        an episode the environment stopped for it (env.options.max_repeated_calls).
+    repeated_call_k: the count at which the `repeated_call` detector fires (3: two
+        identical calls pass).
     judge_unverified: charges penalty x the `judge` component's score on episodes
         whose `verified` one is 0 (paid but wrong); at 1 the judge pays only where
         the verifier agrees.
@@ -254,9 +259,11 @@ class ShapingConfig:
     format_gaming: float = 0.0
     repetition: float = 0.0
     truncation: float = 0.0
+    repeated_call: float = 0.0
     judge_unverified: float = 0.0
     repetition_n: int = 4
     repetition_threshold: float = 0.5
+    repeated_call_k: int = 3
     window: int = 5
     judge: str = "judge"
     verified: str = "correct"

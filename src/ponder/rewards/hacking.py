@@ -15,6 +15,10 @@ definition:
 - repetition: the share of repeated word n-grams in the actions is at least a threshold
   (a degenerate loop repeats the same phrase; ordinary text repeats few 4-grams).
 - truncation: the episode ran into the token limit (padding to, or past, the cap).
+- repeated call: the same tool call (tool and normalised arguments: the same
+  `<calculator>` expression up to spaces) made k or more times in one episode, or the
+  environment ended the episode for it (stop reason `repeated_call`): the loop that
+  calls a tool again and again until the turn limit, with no answer.
 - length gaming (per step): the Pearson correlation of reward with generated length
   within the step, and the truncation rate's trend over a window of steps.
 - judge exploitation (over steps): the judge's score rises while the verified score
@@ -28,9 +32,10 @@ trend detectors need. `shaping_components` turns the penalties of a recipe's
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -38,7 +43,8 @@ from typing import Any
 
 from ponder.rewards.math import _NUMBER, _value, answer_numbers, answers_match, parse_number, predicted_answer
 from ponder.tools.builtin import CalculatorError, evaluate_expression
-from ponder.types import Task, Trajectory
+from ponder.tools.step import REPEATED_CALL, call_key
+from ponder.types import Task, ToolCall, Trajectory
 
 # A shown step: an arithmetic expression with at least one operator, "=", a number.
 # "7x = 47 - 12 = 35" yields "47 - 12 = 35": "7x" holds a letter, so it is no expression.
@@ -48,6 +54,7 @@ _STEP = re.compile(r"(?<![\w.])(\(?-?\d[\d.,]*\)?(?:\s*[-+*/×x÷]\s*\(?-?\d[\d.
 _TAG = re.compile(r"<(think|answer|search|calculator|python)>(.*?)</\1>", re.DOTALL)
 _CONTENT = re.compile(r"[A-Za-z0-9]")
 _CALCULATOR_CALL = re.compile(r"<calculator>(.*?)</calculator>", re.DOTALL)
+_JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 TRUNCATED_STOPS = ("max_tokens",)  # the rollout engine's stop_reason at the token cap
 
 
@@ -154,6 +161,37 @@ def repetition(trajectory: Trajectory, n: int = 4, threshold: float = 0.5) -> bo
     return repeated_ngram_ratio(action_text(trajectory), n) >= threshold
 
 
+def _calls_in(action: str) -> list[ToolCall]:
+    """The `<calculator>` and JSON `<tool_call>` calls written in an action's text."""
+    calls = [ToolCall("calculator", {"expression": body.strip()}) for body in _CALCULATOR_CALL.findall(action)]
+    for body in _JSON_CALL.findall(action):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            arguments = data.get("arguments")
+            calls.append(ToolCall(data["name"], arguments if isinstance(arguments, dict) else {}))
+    return calls
+
+
+def episode_calls(trajectory: Trajectory) -> list[ToolCall]:
+    """The episode's tool calls: each turn's parsed calls, or the calls written in its
+    action when it recorded none (a tool not offered, a trajectory from elsewhere)."""
+    return [call for turn in trajectory.turns for call in (turn.tool_calls or _calls_in(turn.action))]
+
+
+def most_repeated_call(trajectory: Trajectory) -> int:
+    """How many times the episode's most frequent identical call (call_key) was made; 0 with no calls."""
+    return max(Counter(call_key(call) for call in episode_calls(trajectory)).values(), default=0)
+
+
+def repeated_call(trajectory: Trajectory, k: int = 3) -> bool:
+    """True when one identical call was made at least `k` times, or the environment
+    stopped the episode for repeating one (stop reason `repeated_call`)."""
+    return trajectory.stop_reason == REPEATED_CALL or most_repeated_call(trajectory) >= k
+
+
 def truncated(trajectory: Trajectory) -> bool:
     """True when the episode stopped at the token limit rather than on its own."""
     return trajectory.stop_reason in TRUNCATED_STOPS
@@ -224,7 +262,9 @@ def hacking_metrics(
 ) -> dict[str, float]:
     """Per-step rates `hacking/*` of one batch of scored episodes.
 
-    answer_guessing (over math episodes), format_gaming, repetition, truncation_rate:
+    answer_guessing (over math episodes), format_gaming, repetition, truncation_rate,
+    repeated_call (an identical call made repeated_call_k times or more, or stopped for
+    it), repeated_call_stop (episodes the environment ended for a repeated call):
     shares of episodes; repetition_ratio: mean repeated-n-gram ratio; length_reward_corr:
     Pearson of reward with generated tokens; judge_unverified_rate: share of episodes
     whose judge component passes (>= 0.5) while the verified component is 0 (only when
@@ -232,6 +272,7 @@ def hacking_metrics(
     the component names; its defaults otherwise."""
     n, threshold = getattr(shaping, "repetition_n", 4), getattr(shaping, "repetition_threshold", 0.5)
     judge_key, verified_key = getattr(shaping, "judge", "judge"), getattr(shaping, "verified", "correct")
+    repeat_k = getattr(shaping, "repeated_call_k", 3)
     ratios = [repeated_ngram_ratio(action_text(t), n) for t in trajectories]
     scored = [t for t in trajectories if t.reward is not None]
     metrics = {
@@ -243,6 +284,8 @@ def hacking_metrics(
         "hacking/repetition": _rate([ratio >= threshold for ratio in ratios]),
         "hacking/repetition_ratio": _mean(ratios),
         "hacking/truncation_rate": _rate([truncated(t) for t in trajectories]),
+        "hacking/repeated_call": _rate([repeated_call(t, repeat_k) for t in trajectories]),
+        "hacking/repeated_call_stop": _rate([t.stop_reason == REPEATED_CALL for t in trajectories]),
         "hacking/length_reward_corr": pearson([float(generated_tokens(t)) for t in scored],
                                               [float(t.reward) for t in scored]),  # fmt: skip
     }
@@ -309,18 +352,19 @@ def shaping_components(shaping: Any) -> tuple[dict[str, Callable[..., float]], d
     `shaping/<detector>` scores 1.0 when the detector fires (0.0 otherwise, and when it
     does not apply; `judge_unverified` scores what the judge paid), weighted by
     -penalty, so the breakdown shows what was charged."""
-    n, threshold = shaping.repetition_n, shaping.repetition_threshold
+    n, threshold, repeat_k = shaping.repetition_n, shaping.repetition_threshold, shaping.repeated_call_k
     detectors: dict[str, Callable[..., float]] = {
         "shaping/guess": lambda t, task: float(bool(answer_guessing(t, task))),
         "shaping/hedging": lambda t, task: float(bool(answer_hedging(t))),
         "shaping/format_gaming": lambda t, task: float(format_gaming(t)),
         "shaping/repetition": lambda t, task: float(repetition(t, n, threshold)),
         "shaping/truncation": lambda t, task: float(truncated(t)),
+        "shaping/repeated_call": lambda t, task: float(repeated_call(t, repeat_k)),
         "shaping/judge_unverified": PaidButWrong(shaping.judge, shaping.verified),
     }
     penalties = {"shaping/guess": shaping.guess, "shaping/hedging": shaping.hedging,
                  "shaping/format_gaming": shaping.format_gaming, "shaping/repetition": shaping.repetition,
-                 "shaping/truncation": shaping.truncation,
+                 "shaping/truncation": shaping.truncation, "shaping/repeated_call": shaping.repeated_call,
                  "shaping/judge_unverified": shaping.judge_unverified}  # fmt: skip
     for name, penalty in penalties.items():
         if penalty < 0:

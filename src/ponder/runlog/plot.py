@@ -44,7 +44,7 @@ BEHAVIOUR_KEYS = (
 HACKING_KEYS = (
     "hacking/answer_guessing", "hacking/answer_hedging", "hacking/format_gaming", "hacking/repetition",
     "hacking/truncation_rate", "hacking/length_reward_corr", "hacking/length_gaming", "hacking/judge_unverified_rate",
-    "hacking/judge_exploitation",
+    "hacking/judge_exploitation", "hacking/repeated_call",
 )
 OPTIM_KEYS = (
     "loss/policy", "loss/value", "optim/grad_norm", "policy/entropy", "policy/kl", "policy/clip_fraction",

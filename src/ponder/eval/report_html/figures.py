@@ -28,7 +28,7 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward hacking", "share of episodes", ("hacking/answer_guessing", "hacking/answer_hedging",
                                              "hacking/format_gaming",
                                              "hacking/repetition", "hacking/truncation_rate",
-                                             "hacking/judge_unverified_rate")),
+                                             "hacking/judge_unverified_rate", "hacking/repeated_call")),
     ("hacking trends", "correlation / flag", ("hacking/length_reward_corr", "hacking/length_gaming",
                                               "hacking/judge_exploitation")),
     ("loss", "loss", ("loss/policy", "loss/value", "sft/loss", "sft/eval_loss", "dpo/loss")),
