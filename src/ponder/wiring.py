@@ -10,10 +10,10 @@ from dataclasses import replace
 from typing import Any
 
 from ponder.config import Recipe
-from ponder.envs.base import EnvContext, EnvSpec, recipe_tasks, resolve_env
+from ponder.envs.base import EnvContext, EnvSpec, own_task, recipe_tasks, resolve_env
 from ponder.models import Policy
 from ponder.models.chat import encode_chat
-from ponder.rewards import CompositeReward
+from ponder.rewards import CompositeReward, PartReward
 
 
 def build_env(recipe: Recipe, tokenizer: Any = None) -> EnvSpec:
@@ -46,10 +46,14 @@ def served_tools(recipe: Recipe) -> dict[str, Any]:
     return {tool.name: tool for tool in mcp_tools(parse_server_specs(recipe.env.mcp_servers))}
 
 
-def build_reward(recipe: Recipe, spec: EnvSpec, policy: Policy | None = None) -> CompositeReward:
+def build_reward(recipe: Recipe, spec: EnvSpec, policy: Policy | None = None) -> CompositeReward | PartReward:
     """The environment's reward components at their default weights, updated by the
     recipe; with reward.judge.weight set, a `judge` component (served, or for
-    self_judge the `policy` itself)."""
+    self_judge the `policy` itself). A mixture's (spec.parts): each part's own, built
+    from the part's recipe, scoring that part's tasks."""
+    if spec.parts:
+        return PartReward({name: build_reward(part.recipe, part.spec, policy) for name, part in spec.parts.items()},
+                          own_task)  # fmt: skip
     judge = recipe.reward.judge
     components = dict(spec.rewards)
     if judge.weight != 0:

@@ -182,8 +182,10 @@ class RolloutConfig:
 class EnvConfig:
     """The environment (see ponder.envs.base for the protocol).
 
-    kind: a registered environment (search_qa, math, code, function_calling …) or an
-        import path `module:attribute` to your own builder or environment class.
+    kind: a registered environment (search_qa, math, code, function_calling …;
+        `mixture`: several at once, each part an env section of its own under
+        env.options.parts) or an import path `module:attribute` to your own builder
+        or environment class.
     options: that environment's own options, checked when it is built (each
         documents its own in its builder; search_qa's corpus, tasks, taskgen,
         retriever, max_obs_tokens and max_invalid_actions are listed in
@@ -210,7 +212,8 @@ class EnvConfig:
         optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd` (see
         ponder.tools.mcp.client.McpServerSpec; docs/guide/tools.md, "MCP").
     max_turns: model actions per episode before it is stopped (the default of an
-        environment that has no max_turns option of its own).
+        environment that has no max_turns option of its own; a mixture's parts may
+        each set their own).
     """
 
     kind: str = "search_qa"
@@ -665,8 +668,9 @@ class TeacherConfig:
         prompt logprobs (`ponder serve`, vLLM), e.g. http://127.0.0.1:8000/v1, its key
         in $PONDER_TEACHER_API_KEY; or a mapping {task kind: any of those} for one
         teacher per kind (a kind with none is not distilled), e.g. {math: runs/math,
-        search_qa: runs/qa}. It must share the student's tokenizer (refused
-        otherwise). "" = none.
+        search_qa: runs/qa}; with env.kind mixture a key may name a part (its
+        kinds `math/…` without a teacher of their own). It must share the student's
+        tokenizer (refused otherwise). "" = none.
     dtype: an in-process teacher's weights' dtype (`auto`: the student's).
     served_model: a URL teacher's model name ("" = the server's first).
     loss: how the teacher's scores train the student (ponder.algos.distill):

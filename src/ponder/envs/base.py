@@ -47,7 +47,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Self, runtime_checkable
 
 from ponder.plugins import import_object
@@ -143,6 +143,9 @@ class EnvSpec:
     eval: list[Task]
     rewards: dict[str, RewardFn] = field(default_factory=dict)
     reward_weights: dict[str, float] = field(default_factory=dict)
+    # A mixture's parts (ponder.envs.mixture), by name: each of its tasks (own_task
+    # names the part) is scored by that part's own reward, built from the part's recipe.
+    parts: dict[str, EnvPart] = field(default_factory=dict)
 
     def split(self, name: str) -> list[Task]:
         """The tasks of split `name` (eval.split): `train`, else the held-out `eval`."""
@@ -157,6 +160,42 @@ class EnvSpec:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass
+class EnvPart:
+    """One environment of a mixture: its built spec, the recipe it was built from (the
+    mixture's recipe with the part's env and reward sections in their place) and its
+    training weight (None: its tasks' count)."""
+
+    spec: EnvSpec
+    recipe: Any
+    weight: float | None = None
+
+
+# The metadata key of a mixture's task that names its part.
+PART_KEY = "mixture_part"
+
+
+def part_task(task: Task, part: str) -> Task:
+    """`task` as a mixture holds it: id and kind under the part's name (`math/level1`:
+    a stratified sampler, an evaluation's breakdown and a teacher per kind or part read
+    it so), the part named in metadata[PART_KEY]."""
+    return replace(task, id=f"{part}/{task.id}", kind=f"{part}/{task.kind}",
+                   metadata={**task.metadata, PART_KEY: part})  # fmt: skip
+
+
+def own_task(task: Task) -> tuple[str, Task]:
+    """(the part's name, the task as the part made it) of a mixture's task; ("", task)
+    for a task of no mixture."""
+    part = task.metadata.get(PART_KEY)
+    if not isinstance(part, str) or not part:
+        return "", task
+    cut = len(part) + 1
+    metadata = {key: value for key, value in task.metadata.items() if key != PART_KEY}
+    return part, replace(task, id=task.id.removeprefix(f"{part}/"),
+                         kind=task.kind[cut:] if task.kind.startswith(f"{part}/") else task.kind,
+                         metadata=metadata)  # fmt: skip
 
 
 EnvBuilder = Callable[[EnvContext], EnvSpec]
@@ -213,6 +252,7 @@ def _load_builtin_envs() -> None:
 BUILTIN_ENV_MODULES: list[str] = [
     "ponder.envs.search_qa", "ponder.envs.math", "ponder.envs.code", "ponder.envs.function_calling",
     "ponder.envs.gateway", "ponder.envs.verified_qa", "ponder.envs.verifiers_env", "ponder.envs.openenv_env",
+    "ponder.envs.mixture",
 ]  # fmt: skip
 
 

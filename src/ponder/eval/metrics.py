@@ -6,6 +6,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from ponder.envs.base import PART_KEY
 from ponder.types import Task, Trajectory
 
 
@@ -23,12 +24,19 @@ def standard_error(values: list[float]) -> float:
 
 
 def summarise(trajectories: list[Trajectory], tasks_by_id: dict[str, Task]) -> dict[str, Any]:
-    """Means over episodes (and per task kind) of the reward breakdown and episode counts."""
+    """Means over episodes (and per task kind) of the reward breakdown and episode
+    counts; for a mixture of environments also per part (`by_part`)."""
     overall = _summary(trajectories)
     by_kind: dict[str, list[Trajectory]] = defaultdict(list)
+    by_part: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in trajectories:
-        by_kind[tasks_by_id[trajectory.task_id].kind].append(trajectory)
+        task = tasks_by_id[trajectory.task_id]
+        by_kind[task.kind].append(trajectory)
+        if isinstance(task.metadata.get(PART_KEY), str):
+            by_part[task.metadata[PART_KEY]].append(trajectory)
     overall["by_kind"] = {kind: _summary(group) for kind, group in sorted(by_kind.items())}
+    if by_part:
+        overall["by_part"] = {part: _summary(group) for part, group in sorted(by_part.items())}
     return overall
 
 

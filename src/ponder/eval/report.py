@@ -45,14 +45,20 @@ def _by_kind_table(metrics: dict[str, Any], components: list[str], title: str) -
     for header, _, _ in COLUMNS:
         table.add_column(header, justify="right", overflow="fold")
     table.add_row("all", *_cells(metrics, components), style="bold")
-    for kind, row in metrics.get("by_kind", {}).items():
+    for kind, row in _groups(metrics).items():
         table.add_row(kind, *_cells(row, components))
     return table
 
 
+def _groups(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The rows after `all`: each task kind, and a mixture's parts, a part before its kinds."""
+    groups = {**metrics.get("by_part", {}), **metrics.get("by_kind", {})}
+    return dict(sorted(groups.items())) if "by_part" in metrics else groups
+
+
 def _transposed(metrics: dict[str, Any], components: list[str], title: str, width: int) -> RenderableType:
     """Metrics down, task kinds across, in as few tables of at most `width` columns as fit."""
-    rows = {"all": metrics, **metrics.get("by_kind", {})}
+    rows = {"all": metrics, **_groups(metrics)}
     labels = ["reward", *components, *(header.replace("\n", " ") for header, _, _ in COLUMNS)]
     cells = {kind: _cells(row, components) for kind, row in rows.items()}
     chunks: list[list[str]] = [[]]

@@ -17,7 +17,7 @@ from ponder.models.prepare import prepare_policy
 from ponder.rollout.build import build_backend
 from ponder.train.rl import RLTrainer, check_recipe
 from ponder.train.sft import build_demonstrations, train_and_save
-from ponder.train.teacher import load_teacher
+from ponder.train.teacher import check_teacher_kinds, load_teacher
 from ponder.train.validation import recipe_validation
 from ponder.types import Trajectory
 from ponder.wiring import build_env, build_reward, sft_tasks, train_tasks
@@ -39,6 +39,7 @@ def rl_trainer(
     demonstrations = recipe_demonstrations(recipe, policy) if recipe.algo.sft_coef > 0 else []
     trainer = trainer_class(policy, spec.factory, tasks, reward, backend, recipe, run_dir, val_tasks)
     trainer.use_demonstrations(demonstrations)
+    check_teacher_kinds(recipe.teacher, {task.kind for task in tasks})
     trainer.teacher = load_teacher(recipe.teacher, policy)
     return trainer
 

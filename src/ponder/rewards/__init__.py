@@ -3,6 +3,7 @@
 from ponder.rewards.composite import (
     REWARDS,
     CompositeReward,
+    PartReward,
     RewardError,
     RewardFn,
     register_reward,
@@ -15,6 +16,7 @@ from ponder.rewards.search import search_calls
 __all__ = [
     "REWARDS",
     "CompositeReward",
+    "PartReward",
     "RewardError",
     "RewardFn",
     "action_follows_protocol",

@@ -105,6 +105,26 @@ class CompositeReward:
         return f"CompositeReward({self.weights!r})"
 
 
+class PartReward:
+    """The reward of a mixture of environments (ponder.envs.mixture): each task scored
+    by its part's own reward, given the task as that part made it. `part_of(task)` is
+    (part name, that task); `parts` is part name → (trajectory, task) -> (total, breakdown)."""
+
+    def __init__(self, parts: Mapping[str, Callable[[Trajectory, Task], tuple[float | None, dict[str, float]]]],
+                 part_of: Callable[[Task], tuple[str, Task]]) -> None:  # fmt: skip
+        self.parts = dict(parts)
+        self.part_of = part_of
+
+    def __call__(self, trajectory: Trajectory, task: Task) -> tuple[float | None, dict[str, float]]:
+        name, own = self.part_of(task)
+        if name not in self.parts:
+            raise KeyError(f"task {task.id!r}: no part {name!r} of the mixture ({', '.join(self.parts)})")
+        return self.parts[name](trajectory, own)
+
+    def __repr__(self) -> str:
+        return f"PartReward({self.parts!r})"
+
+
 def _component(name: str, components: Mapping[str, RewardFn]) -> RewardFn:
     if name in components:
         return components[name]

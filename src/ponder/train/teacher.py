@@ -6,9 +6,10 @@ Face directory, the embedded model), run in this process under no_grad on the ba
 the update trains on; or an OpenAI-compatible server that returns prompt logprobs
 for given token ids (`ponder serve`, or vLLM: `/v1/completions` with
 `prompt_logprobs`), named by its URL. One teacher for every task, or one per task
-kind. Teachers must share the student's tokenizer: the student's token ids are scored
-as they are, so a different vocabulary is refused with one line rather than scored
-into nonsense (a server's, by how it tokenises a probe text).
+kind or per part of a mixture of environments (env.kind mixture). Teachers must
+share the student's tokenizer: the student's token ids are scored as they are, so a
+different vocabulary is refused with one line rather than scored into nonsense (a
+server's, by how it tokenises a probe text).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ Scorer = Callable[[TokenBatch, int, float], torch.Tensor]  # (rows, micro batch,
 
 @dataclass
 class Teacher:
-    """scorers: task kind -> what scores that kind's rows (EVERY_KIND: every row whose
-    kind has none of its own)."""
+    """scorers: task kind, or a mixture's part name, -> what scores that kind's rows
+    (a part's: the rows of every kind of that part without a teacher of its own;
+    EVERY_KIND: every row whose kind and part have none)."""
 
     scorers: dict[str, Scorer]
 
@@ -80,12 +82,22 @@ class Teacher:
             return part.input_ids.new_zeros((0, len(keep), 0), dtype=torch.float), []
         return torch.cat(pieces), covered
 
+    def teacher_of(self, kind: str) -> str | None:
+        """The key in `scorers` of the teacher of task kind `kind`: its own, else its
+        part's (the kind's prefix before `/`: a mixture's part, `math` for
+        `math/level1`, ponder.envs.mixture), else the every-kind one; None for none."""
+        for key in (kind, kind.split("/", 1)[0], EVERY_KIND):
+            if key in self.scorers:
+                return key
+        return None
+
     def _parts(self, kinds: list[str]) -> list[tuple[list[int], Scorer]]:
-        """(the rows each scorer scores, that scorer): a kind's own teacher, else the
-        every-kind one; rows of a kind with neither are not listed."""
+        """(the rows each scorer scores, that scorer), by teacher_of; rows of a kind with
+        no teacher are not listed."""
+        chosen = [self.teacher_of(kind) for kind in kinds]
         parts = []
-        for kind, scorer in self.scorers.items():
-            rows = [i for i, k in enumerate(kinds) if k == kind or (kind == EVERY_KIND and k not in self.scorers)]
+        for key, scorer in self.scorers.items():
+            rows = [i for i, k in enumerate(chosen) if k == key]
             if rows:
                 parts.append((rows, scorer))
         return parts
@@ -98,6 +110,19 @@ def load_teacher(config: TeacherConfig, student: Policy) -> Teacher | None:
         return None
     sources = dict(config.model) if isinstance(config.model, dict) else {EVERY_KIND: config.model}
     return Teacher({kind: _scorer(str(source), config, student) for kind, source in sources.items()})
+
+
+def check_teacher_kinds(config: TeacherConfig, kinds: set[str]) -> None:
+    """ValueError when teacher.model's mapping names a key that is no task kind of
+    `kinds` (the training tasks') nor a part of one (before `/`): its teacher would
+    score nothing, silently."""
+    if not isinstance(config.model, dict):
+        return
+    known = kinds | {kind.split("/", 1)[0] for kind in kinds}
+    stray = [key for key in config.model if key != EVERY_KIND and key not in known]
+    if stray:
+        raise ValueError(f"teacher.model: {stray[0]!r} is no task kind or mixture part of the training tasks "
+                         f"(those: {', '.join(sorted(known))})")  # fmt: skip
 
 
 def _scorer(source: str, config: TeacherConfig, student: Policy) -> Scorer:
