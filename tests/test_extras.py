@@ -222,6 +222,7 @@ def test_a_core_install_trains_and_evaluates_and_each_extra_is_named(core_env, t
         "serve": ["serve", "--model", "tiny"],
         "serve-retriever": ["serve-retriever", "--recipe", recipe],
         "mcp-serve": ["mcp-serve", "--tools", "calculator"],
+        "a2a-serve": ["a2a-serve", "--model", "tiny"],
         "mcp": ["eval", "--recipe", str(ROOT / "recipes" / "math_mcp.yaml"), "--model", "tiny", "--episodes", "1",
                 "--out", str(tmp_path / "mcp"), "rollout.sampling.max_new_tokens_per_turn=4"],
         "retrieval": [*agent, "--docs", str(tmp_path / "notes")],  # the rag tool's hybrid search
@@ -232,7 +233,7 @@ def test_a_core_install_trains_and_evaluates_and_each_extra_is_named(core_env, t
         "ray": ["train", "--recipe", recipe, "--out", str(tmp_path / "ray"), *no_sft, "--ray", "local"],
         "tinker-serve": ["tinker-serve", "--model", "tiny", "--state-dir", str(tmp_path / "tinker")],
     }  # fmt: skip
-    extra_of = {"serve": "serve", "serve-retriever": "serve", "mcp-serve": "mcp", "mcp": "mcp",
+    extra_of = {"serve": "serve", "serve-retriever": "serve", "mcp-serve": "mcp", "a2a-serve": "a2a", "mcp": "mcp",
                 "retrieval": "retrieval", "rag": "rag", "tensorboard": "tracking", "wandb": "tracking", "ray": "ray",
                 "tinker-serve": "tinker"}  # fmt: skip
     argvs = core + list(features.values())

@@ -6,7 +6,9 @@ Both keep a shared transcript of `TeamMessage`s and both always terminate:
 - `wall_clock_s` bounds the whole run: each sub-agent gets only the time that is left,
   and a run out of time returns `timeout` with everything gathered so far.
 Every sub-agent is an ordinary `Agent` (its own tools, limits and schema), run on a
-key of its name, so scripted tests drive each role separately.
+key of its name, so scripted tests drive each role separately, or a remote A2A agent
+(`ponder.agent.a2a_peer.RemoteAgent`: same `run`, a failed call is an `error` run with a
+one-line reason, its reply marked as untrusted data).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from typing import Any
 
 from ponder.agent.loop import Agent, replace_config
 from ponder.agent.state import AgentState
+
+# A team member: a local Agent, or anything with `config.wall_clock_s`, `run(task, key)`
+# and `with_time_limit(seconds)` (a remote A2A agent).
+Member = Any
 
 
 @dataclass
@@ -93,8 +99,11 @@ class _Clocked:
     def remaining(self) -> float:
         return self.config.wall_clock_s - (self.clock() - self.started)
 
-    def run(self, agent: Agent, task: str, key: str, result: TeamResult) -> AgentState:
-        limited = replace_config(agent, wall_clock_s=max(0.001, min(agent.config.wall_clock_s, self.remaining())))
+    def run(self, agent: Member, task: str, key: str, result: TeamResult) -> AgentState:
+        budget = max(0.001, min(agent.config.wall_clock_s, self.remaining()))
+        # a remote member (ponder.agent.a2a_peer.RemoteAgent) limits its own call
+        limit = getattr(agent, "with_time_limit", None)
+        limited = limit(budget) if limit is not None else replace_config(agent, wall_clock_s=budget)
         state = limited.run(task, key=key)
         result.runs.append({"agent": key, **state.result()})
         return state
@@ -109,7 +118,7 @@ class Coordinator:
     if given, writes the answer from the results gathered.
     """
 
-    def __init__(self, planner: Agent, roles: dict[str, Agent], merger: Agent | None = None,
+    def __init__(self, planner: Agent, roles: dict[str, Member], merger: Agent | None = None,
                  config: TeamConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if not roles:
             raise ValueError("a coordinator needs at least one role agent")
@@ -195,7 +204,7 @@ class PeerChat:
     message starting with `final_marker` ends the chat with the rest as the answer.
     """
 
-    def __init__(self, agents: dict[str, Agent], config: TeamConfig | None = None,
+    def __init__(self, agents: dict[str, Member], config: TeamConfig | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if len(agents) < 2:
             raise ValueError("a peer chat needs at least two agents")

@@ -28,7 +28,9 @@ from ponder.agent.console import (
 )
 
 
-def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe an agent (model, tools, safety, config), shared by `chat`,
+    `run-agent` and `a2a-serve`."""
     parser.add_argument("--model", default="smollm2-135m",
                         help="smollm2-135m (embedded), tiny, a local HF model dir, or an OpenAI-compatible base URL")
     parser.add_argument("--api-model", help="model name sent to an HTTP endpoint")
@@ -37,6 +39,9 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files-root", help="folder the read_file tool may read")
     parser.add_argument("--corpus", help="JSONL corpus for the search tool")
     parser.add_argument("--docs", action="append", help="document file or folder for the rag tool (repeatable)")
+    parser.add_argument("--a2a", action="append", default=[], metavar="NAME=URL",
+                        help="a remote A2A agent as tool NAME (its card read at start; repeatable), e.g. "
+                             "calc=http://127.0.0.1:9100 (see docs/guide/agents.md)")
     parser.add_argument("--sensitive", default="",
                         help="comma-separated tools that need the user's approval for every call (chat asks y/N)")
     parser.add_argument("--safety", help="YAML/JSON safety policy: allow, sensitive, trusted, argument rules "
@@ -51,14 +56,14 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 def register(commands: Any) -> None:
     """Add `chat` and `run-agent` to the `ponder` sub-command parsers."""
     chat = commands.add_parser("chat", help="interactive chat with an agent and its tools (streams tokens)")
-    _add_agent_arguments(chat)
+    add_agent_arguments(chat)
     chat.set_defaults(handler=cmd_chat)
 
     run = commands.add_parser("run-agent", help="run an agent on one task and print the result as JSON")
     task = run.add_mutually_exclusive_group(required=True)
     task.add_argument("--task", help="the task text")
     task.add_argument("--resume", metavar="STATE_JSON", help="continue a saved agent state")
-    _add_agent_arguments(run)
+    add_agent_arguments(run)
     run.add_argument("--max-steps", type=int, help="stop after this many steps (the state can be resumed)")
     run.add_argument("--save-state", metavar="FILE", help="write the final agent state as JSON")
     run.add_argument("--out", help="write the JSON result here as well as to stdout")
@@ -79,6 +84,10 @@ def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] |
         config.answer_schema = _read_json(args.schema)
     names = [name.strip() for name in args.tools.split(",") if name.strip()]
     tools = build_tools(names, ToolboxOptions(files_root=args.files_root, corpus=args.corpus, docs=args.docs))
+    if getattr(args, "a2a", None):
+        from ponder.agent.a2a_peer import a2a_tool, parse_peer
+
+        tools += [a2a_tool(parse_peer(entry)) for entry in args.a2a]
     guard = _guard(args, [getattr(t, "name", "") for t in tools], confirm)
     policy = load_chat_policy(args.model, temperature=args.temperature, seed=args.seed, api_model=args.api_model)
     return Agent(policy, tools, config, on_event=on_event, guard=guard)

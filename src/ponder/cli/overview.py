@@ -20,7 +20,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge"),
     "evaluate": ("eval", "report", "plot", "gain", "bench-agent", "bench-injection"),
     "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
-                      "tinker-serve"),
+                      "a2a-serve", "tinker-serve"),
     "tools and data": ("tools", "gen-tasks", "export-data"),
     "experiments": ("needle", "refine"),
 }
@@ -56,6 +56,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "personal": ("ponder personal list --users ~/.ponder-users",),
     "serve-retriever": ("ponder serve-retriever --recipe recipes/search_qa.yaml --port 8000",),
     "mcp-serve": ("ponder mcp-serve --transport http --tools calculator,python",),
+    "a2a-serve": ("ponder a2a-serve --model runs/grpo --tools calculator --port 9000",),
     "tinker-serve": ("ponder tinker-serve --model smollm2-135m --port 8000",),
     "tools": ('ponder tools search "convert 100 dollars to euros" --index runs/tools/index',),
     "gen-tasks": ("ponder gen-tasks --out runs/tasks",),

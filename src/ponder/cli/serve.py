@@ -1,4 +1,4 @@
-"""`ponder serve`: parse the flags into a ServeConfig and run the server.
+"""`ponder serve`, `ponder gateway` and `ponder a2a-serve`: parse the flags and run the server.
 
 `register(commands)` adds the command to the `ponder` argument parser; `ponder.cli`
 calls it. Bad flags (a malformed --adapter, a path that holds no adapter, an adapter
@@ -72,6 +72,7 @@ def register(commands: Any) -> None:
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(handler=cmd_serve)
     _register_gateway(commands)
+    _register_a2a(commands)
 
 
 GATEWAY = """\
@@ -125,4 +126,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vllm_start_timeout_s=args.vllm_start_timeout, vllm_timeout_s=args.vllm_timeout, users=args.users,
     )  # fmt: skip
     serve(config, log_level=args.log_level, say=lambda line: print(line, file=sys.stderr, flush=True))
+    return 0
+
+
+A2A = """\
+Serve a ponder agent (the run-agent runtime: its model, tools, config and guard)
+over the Agent2Agent protocol, with the a2a-sdk: the agent card at
+/.well-known/agent-card.json (skills from the tools, streaming on), JSON-RPC at /
+(message/send, message/stream, tasks/get, tasks/cancel, and their A2A 1.0 names).
+Each message is one task: model actions and tool results stream as `working`
+updates; an answer ends it `completed` (artifact `answer`), a run without one
+`failed` with the reason. --model takes a trained run directory too. Loopback by
+default; --port 0 picks a free port (the first line on stderr names the URL).
+See docs/guide/agents.md.
+"""
+
+
+def _register_a2a(commands: Any) -> None:
+    from ponder.cli.agent import add_agent_arguments
+
+    a2a = commands.add_parser("a2a-serve", help="serve an agent over the Agent2Agent (A2A) protocol",
+                              description=A2A, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_agent_arguments(a2a)
+    a2a.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    a2a.add_argument("--port", type=int, default=9000, help="port (default 9000; 0 picks a free one)")
+    a2a.add_argument("--name", default="ponder-agent", help="the agent card's name")
+    a2a.add_argument("--description", default="", help="the agent card's description (default: written from the "
+                                                        "model and tools)")
+    a2a.add_argument("--max-message-chars", type=int, default=20_000, help="longer message texts are refused")
+    a2a.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    a2a.set_defaults(handler=cmd_a2a_serve)
+
+
+def cmd_a2a_serve(args: argparse.Namespace) -> int:
+    from ponder.extras import require
+
+    require("a2a", "a2a", "ponder a2a-serve")  # before the model loads: one line, at once
+    from ponder.agent.a2a_server import A2AServeOptions, serve_a2a
+    from ponder.cli.agent import build_agent
+
+    if args.max_message_chars < 1:
+        raise ValueError("--max-message-chars must be >= 1")
+    options = A2AServeOptions(name=args.name, description=args.description, max_message_chars=args.max_message_chars)
+    agent = build_agent(args)
+    serve_a2a(agent, args.host, args.port, options, say=lambda line: print(line, file=sys.stderr, flush=True),
+              log_level=args.log_level)
     return 0
