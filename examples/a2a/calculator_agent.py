@@ -13,10 +13,10 @@ so a caller has to handle both shapes the protocol allows.
 from __future__ import annotations
 
 import argparse
-import ast
-import operator
 import re
 import socket
+import sys
+from pathlib import Path
 
 import uvicorn
 from a2a.helpers import get_message_text, new_text_message
@@ -29,24 +29,10 @@ from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from a2a.utils.errors import UnsupportedOperationError
 from starlette.applications import Starlette
 
-OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-             ast.USub: operator.neg, ast.UAdd: operator.pos}  # fmt: skip
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agents"))
+from mathtools import calculate  # noqa: E402 - the math example programs' calculator (plain Python)
+
 EXPRESSION = re.compile(r"[-+(]*\d[\d.\s+\-*/()]*")
-
-
-def calculate(expression: str) -> float:
-    """+ - * / and parentheses over numbers, from the syntax tree (never eval)."""
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            return OPERATORS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
-            return OPERATORS[type(node.op)](value(node.operand))
-        raise ValueError("only numbers and + - * / ( )")
-
-    return value(ast.parse(expression, mode="eval").body)
 
 
 def answer(text: str) -> str:
@@ -55,12 +41,10 @@ def answer(text: str) -> str:
     for expression in found:
         if not any(symbol in expression for symbol in "+-*/"):
             continue
-        try:
-            result = calculate(expression)
-        except (ValueError, SyntaxError, ZeroDivisionError, OverflowError) as err:
-            return f"cannot compute {expression}: {err}"
-        shown = int(result) if float(result).is_integer() else round(result, 10)
-        return f"{expression} = {shown}"
+        result = calculate(expression)
+        if result.startswith("error: "):
+            return f"cannot compute {expression}: {result.removeprefix('error: ')}"
+        return f"{expression} = {result}"
     return "no arithmetic found; send something like: What is 17 * 23?"
 
 
