@@ -199,14 +199,12 @@ def carries_gradient(inputs: UpdateInputs, mini: TokenBatch) -> list[bool]:
     """Which rows of the mini-batch the loss can move. Every policy loss is proportional
     to the advantage, so a row whose advantages are zero on all its loss tokens (a GRPO
     group whose rewards are all equal) adds an exact zero to the gradient unless a KL,
-    entropy or value term reads it: its forward and backward are skipped, and the update
-    is the same (the aggregation's denominator still counts its tokens; up to the float
-    rounding of the kernels, ~1e-8, tests/train/test_idle_rows.py)."""
+    entropy, value or distillation term reads it: its forward and backward are skipped,
+    and the update is the same (the aggregation's denominator still counts its tokens;
+    up to the float rounding of the kernels, ~1e-8, tests/train/test_idle_rows.py)."""
     algo = inputs.algo
     kl_in_loss = mini.ref_logprobs is not None and inputs.kl_coef != 0 and not algo.kl_in_reward
-    if inputs.value_head is not None or algo.entropy_coef != 0 or kl_in_loss:
-        return [True] * len(mini)
-    if inputs.distill is not None:
+    if inputs.value_head is not None or algo.entropy_coef != 0 or kl_in_loss or inputs.distill is not None:
         return [True] * len(mini)
     return ((mini.advantages != 0) & mini.loss_mask.bool()).any(dim=-1).tolist()
 
