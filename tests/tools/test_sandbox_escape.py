@@ -260,6 +260,24 @@ def test_a_memory_hog_fails(run):
     assert 1 <= int(run(code).stdout) < 26  # 256 MiB of address space, the interpreter's included
 
 
+def test_children_together_stop_at_the_call_memory_cap(run):
+    # Each child stays under its own 256 MiB address space (100 MB resident); four of
+    # them together pass the call's cap, and every process of the call is killed.
+    code = JAILED_ONLY + "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n"
+    code += "        block = bytearray(10**8)\n        block[::4096] = b'x' * len(block[::4096])\n"
+    code += "        time.sleep(20)\n        os._exit(0)\nprint('forked', flush=True)\ntime.sleep(20)\n"
+    started = time.monotonic()
+    result = run(code, timeout_s=15)
+    assert result.memory_exceeded and not result.timed_out and time.monotonic() - started < 10
+    assert result.render().startswith("killed: the code's processes together used more memory")
+
+
+def test_one_process_under_the_cap_is_not_stopped(run):
+    code = "block = bytearray(10**8)\nblock[::4096] = b'x' * len(block[::4096])\nprint(len(block))"
+    result = run(code)
+    assert result.stdout == "100000000\n" and not result.memory_exceeded
+
+
 def test_a_cpu_spin_is_killed_at_the_limit(run):
     started = time.monotonic()
     result = run("while True: pass", timeout_s=1)

@@ -57,18 +57,23 @@ os.read(0, 1)
 
 @dataclass
 class SandboxResult:
-    """What the code did. `timed_out`: killed at the wall-clock limit."""
+    """What the code did. `timed_out`: killed at the wall-clock limit;
+    `memory_exceeded`: killed because its processes together held more than the call's
+    memory cap (JailLimits.memory_mb)."""
 
     exit_code: int
     stdout: str
     stderr: str
     timed_out: bool
     elapsed_s: float
+    memory_exceeded: bool = False
 
     def render(self) -> str:
         """The result as the model reads it."""
         if self.timed_out:
             head = f"killed: the code ran past its time limit ({self.elapsed_s:.1f} s)"
+        elif self.memory_exceeded:
+            head = "killed: the code's processes together used more memory than the call may"
         else:
             head = f"exit code {self.exit_code}"
         parts = [head]
@@ -94,7 +99,9 @@ class WorkerLostError(RuntimeError):
 
 @dataclass(frozen=True)
 class JailLimits:
-    """Per-run limits. The scratch tmpfs holds 4 files at the file-size cap (at least 16 MiB)."""
+    """Per-run limits. memory_mb caps each process's address space and the resident
+    memory of all the run's processes together. The scratch tmpfs holds 4 files at the
+    file-size cap (at least 16 MiB)."""
 
     memory_mb: int = 256
     max_file_mb: int = 8
@@ -254,6 +261,7 @@ def _worker_settings(limits: JailLimits, site_packages: list[str]) -> str:
                 "RLIMIT_MSGQUEUE": 0,
             },
             "max_output_chars": limits.max_output_chars,
+            "tree_memory_bytes": limits.memory_mb * 2**20,
             "site_packages": [SITE_PACKAGES_IN_JAIL] if site_packages else [],
         }
     )

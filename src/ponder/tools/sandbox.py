@@ -70,7 +70,8 @@ def _run_in(jail: JailedWorker, code: str, timeout_s: float, stdin: str) -> Sand
     except WorkerLostError as error:
         return SandboxResult(-9, "", f"sandbox: {error}", error.timed_out, error.elapsed_s)
     stderr = "\n".join(reply["stderr"].splitlines())
-    return SandboxResult(reply["exit_code"], reply["stdout"], stderr, reply["timed_out"], reply["elapsed_s"])
+    return SandboxResult(reply["exit_code"], reply["stdout"], stderr, reply["timed_out"], reply["elapsed_s"],
+                         reply.get("memory_exceeded", False))  # fmt: skip
 
 
 def run_python(

@@ -15,6 +15,12 @@ worker reads as they fill (only the head is kept, so output never touches the di
 time limit the child is killed, and after every run `kill(-1, SIGKILL)` ends whatever
 it left behind: in this PID namespace that is every process but the worker and
 bubblewrap's init, so a setsid'd or double-forked grandchild cannot outlive its run.
+
+Memory is capped twice: RLIMIT_AS bounds each process's address space, and while the
+run lasts the worker sums the resident memory of every process of the run (the jail's
+own /proc lists nothing else) every `_MEMORY_POLL_S` and kills them all once the sum
+passes the call's cap, so forked children cannot together hold more than one call may
+(a cgroup would be exact, but an unprivileged user namespace gets none to write to).
 """
 
 import json
@@ -28,6 +34,7 @@ import time
 
 SCRATCH = "/scratch"
 SANDBOX_UID = 1000
+_MEMORY_POLL_S = 0.02
 
 # seccomp (x86_64 only; elsewhere the namespaces and rlimits stand alone). Syscalls the
 # code never needs and that either reach the kernel's riskier surfaces or hold memory
@@ -222,23 +229,42 @@ class _Output:
         return text
 
 
-def _wait(pid, outputs, timeout_s):
-    """Collect output until the child exits or the limit passes; True if it had to be killed."""
+def tree_resident_bytes(skip):
+    """The resident memory of every process in this PID namespace but `skip` (pids)."""
+    page, total = os.sysconf("SC_PAGE_SIZE"), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            with open(f"/proc/{name}/statm", "rb") as statm:
+                total += int(statm.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            pass  # it exited while we looked
+    return total
+
+
+def _wait(pid, outputs, timeout_s, memory_bytes):
+    """Collect output until the child exits, the limit passes or the run's processes
+    together hold more than `memory_bytes`; returns "timeout", "memory" or None."""
     pidfd = os.pidfd_open(pid)
     deadline = time.monotonic() + max(timeout_s, 0)
     reading = {output.fd: output for output in outputs}
+    skip = {1, os.getpid()}  # bubblewrap's init and this worker
     try:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 os.kill(pid, signal.SIGKILL)
-                return True
-            ready, _, _ = select.select([pidfd, *reading], [], [], remaining)
+                return "timeout"
+            ready, _, _ = select.select([pidfd, *reading], [], [], min(remaining, _MEMORY_POLL_S))
             for fd in ready:
                 if fd != pidfd and not reading[fd].read():
                     del reading[fd]
             if pidfd in ready:
-                return False
+                return None
+            if tree_resident_bytes(skip) > memory_bytes:
+                os.kill(-1, signal.SIGKILL)  # every process of the run; run() reaps them
+                return "memory"
     finally:
         os.close(pidfd)
 
@@ -271,7 +297,7 @@ def run(request, config):
     for fd in (stdin, out_w, err_w):
         os.close(fd)
     outputs = [_Output(out_r, config["max_output_chars"]), _Output(err_r, config["max_output_chars"])]
-    timed_out = _wait(pid, outputs, float(request["timeout_s"]))
+    stopped = _wait(pid, outputs, float(request["timeout_s"]), config["tree_memory_bytes"])
     _, status = os.waitpid(pid, 0)
     elapsed = time.monotonic() - started
     kill_everything_else()
@@ -281,7 +307,8 @@ def run(request, config):
         "exit_code": os.waitstatus_to_exitcode(status),
         "stdout": outputs[0].text(),
         "stderr": outputs[1].text(),
-        "timed_out": timed_out,
+        "timed_out": stopped == "timeout",
+        "memory_exceeded": stopped == "memory",
         "elapsed_s": elapsed,
     }
 
