@@ -7,7 +7,9 @@ ValueError / OSError, which `ponder.cli.core` prints as one line with exit code 
 Both run their tools behind a guard (ponder.tools.safety): tool output that reads as an
 injection is marked, and a tool named in `--sensitive` (or sensitive in `--safety`'s
 policy) runs only when the user approves it: `chat` asks y/N at the prompt; `run-agent`,
-with no one to ask, refuses it."""
+with no one to ask, refuses it. Tools an injected instruction could abuse (RISKY_TOOLS:
+code execution; every remote A2A agent, which receives whatever text the model sends)
+are sensitive by default; `--allow-risky` opts out."""
 
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
                              "calc=http://127.0.0.1:9100 (see docs/guide/agents.md)")
     parser.add_argument("--sensitive", default="",
                         help="comma-separated tools that need the user's approval for every call (chat asks y/N)")
+    parser.add_argument("--allow-risky", action="store_true",
+                        help="run the tools an injection could abuse (python, --a2a agents) without asking; "
+                             "by default each call needs approval (chat asks y/N, run-agent and a2a-serve refuse)")
     parser.add_argument("--safety", help="YAML/JSON safety policy: allow, sensitive, trusted, argument rules "
                                          "(see ponder.tools.safety.policy)")
     parser.add_argument("--config", help="YAML file of AgentConfig fields (see ponder.agent.config)")
@@ -93,9 +98,13 @@ def build_agent(args: argparse.Namespace, on_event: Callable[[str, Any], None] |
     return Agent(policy, tools, config, on_event=on_event, guard=guard)
 
 
+RISKY_TOOLS = ("python",)  # built-ins whose call an injected instruction could turn into harm
+
+
 def _guard(args: argparse.Namespace, tool_names: list[str], confirm: Callable[[Any], bool] | None) -> Any:
-    """The CLI's guard: the --safety policy plus --sensitive tools; flagged output is
-    marked, not cut (a person reads along); the monitor and the information-flow rule on."""
+    """The CLI's guard: the --safety policy plus --sensitive tools (and, unless
+    --allow-risky, RISKY_TOOLS and the --a2a agents); flagged output is marked, not cut
+    (a person reads along); the monitor and the information-flow rule on."""
     from ponder.tools.safety import (
         Guard,
         GuardOptions,
@@ -106,9 +115,12 @@ def _guard(args: argparse.Namespace, tool_names: list[str], confirm: Callable[[A
     )
 
     policy = SafetyPolicy.load(args.safety) if getattr(args, "safety", None) else SafetyPolicy()
-    for name in (n.strip() for n in (getattr(args, "sensitive", "") or "").split(",")):
-        if name:
-            policy.tools.setdefault(name, ToolRule()).sensitive = True
+    sensitive = [n.strip() for n in (getattr(args, "sensitive", "") or "").split(",") if n.strip()]
+    if not getattr(args, "allow_risky", False):
+        sensitive += [name for name in RISKY_TOOLS if name in tool_names]
+        sensitive += [entry.partition("=")[0].strip() for entry in getattr(args, "a2a", None) or []]
+    for name in sensitive:
+        policy.tools.setdefault(name, ToolRule()).sensitive = True
     detector = InjectionDetector(tool_names=tool_names)
     monitor = TrajectoryMonitor(policy.is_sensitive, detector)
     return Guard(policy, detector, confirm, monitor, GuardOptions(detector_action="flag"))
