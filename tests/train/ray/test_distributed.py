@@ -68,6 +68,7 @@ def _step_trajectories(tmp_path, kill: bool):
     return tasks, trajectories, metrics
 
 
+@pytest.mark.slow  # 25 s alone, 230 s beside other work on 2 cores: the longest test of the suite
 def test_a_worker_killed_mid_step_loses_and_duplicates_nothing(cluster, tmp_path):
     tasks, undisturbed, metrics = _step_trajectories(tmp_path / "a", kill=False)
     assert metrics["ray/requeued"] == 0 and metrics["ray/workers"] == 2
