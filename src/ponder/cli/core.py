@@ -53,6 +53,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     weights = describe_weights(trained_weights(recipe.model.name))  # which of a run's weights: best/, a step
     console.print(f"[bold]ponder eval[/] model={recipe.model.name}{weights} recipe={args.recipe or 'defaults'}",
                   soft_wrap=True)  # fmt: skip
+    if args.repeats != 1:
+        return _eval_repeats(args, recipe, out, console)
     with item_progress("episodes", recipe.eval.episodes * recipe.rollout.group_size) as advance:
         result = evaluate(recipe, on_episode_done=advance)
     save_result(result, recipe, claim_run_dir(out, args.overwrite))
@@ -60,6 +62,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     title = f"{recipe.model.name} on {len(result.tasks)} held-out tasks"
     table.print(metrics_table(result.metrics, title=title, width=table.width))  # transposed when too wide
     console.print(f"wrote {out / 'trajectories.parquet'} and {out / 'metrics.json'}")
+    return 0
+
+
+def _eval_repeats(args: argparse.Namespace, recipe: Any, out: Path, console: Any) -> int:
+    """`ponder eval --repeats N`: the evaluation over N sampling seeds, and its spread."""
+    from ponder.eval import metrics_table
+    from ponder.eval.variance import evaluate_repeats, repeats_table, save_repeats, spread_reading
+    from ponder.rundir import claim_run_dir
+    from ponder.runlog.progress import item_progress
+
+    episodes = recipe.eval.episodes * recipe.rollout.group_size * max(args.repeats, 1)
+    with item_progress("episodes", episodes) as advance:
+        results = evaluate_repeats(recipe, args.repeats, on_episode_done=advance)
+    spread = save_repeats(results, recipe, claim_run_dir(out, args.overwrite))
+    table = _console()
+    title = f"{recipe.model.name} on {len(results[0].tasks)} held-out tasks, seed {recipe.rollout.seed}"
+    table.print(metrics_table(results[0].metrics, title=title, width=table.width))
+    table.print(repeats_table(spread, f"reward over {args.repeats} sampling seeds"))
+    table.print(spread_reading(spread, recipe.eval.temperature == 0), highlight=False)
+    console.print(f"wrote {out / 'repeats.json'}, the first seed's files in {out} and the others in {out / 'repeats'}")
     return 0
 
 
@@ -194,7 +216,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with discard_on_error(out, fresh=not args.resume):
         results = run_demo(recipe, out, say=console.print, sft_from=args.sft_from, resume=args.resume,
-                           skip_oracle=args.skip_oracle)  # fmt: skip
+                           skip_oracle=args.skip_oracle,
+                           contamination_embeddings=args.contamination_embeddings)  # fmt: skip
     _console().print(demo_table(results))
     if "verdict" in results:
         _console().print(results["verdict"], highlight=False)
@@ -218,7 +241,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         claim_run_dir(out, args.overwrite, can_resume=True)
     console = Console(stderr=True)
     with discard_on_error(out, fresh=not args.resume):
-        stages = run_pipeline(recipe, out, say=console.print)
+        stages = run_pipeline(recipe, out, say=console.print, contamination_embeddings=args.contamination_embeddings)
     print(stage_table_markdown(stages), end="")
     console.print(f"wrote {out / 'results.json'} and one directory per stage in {out}")
     return 0
@@ -232,8 +255,16 @@ def _add_pipeline_command(commands: Any) -> None:
     run.add_argument("recipe", metavar="RECIPE", help="YAML recipe, e.g. recipes/pipeline_search_qa.yaml")
     run.add_argument("--out", help="run directory (default: the recipe's pipeline.out)")
     _add_reuse_flags(run, resume="continue the run in --out: finished stages are skipped, an interrupted one resumes")
+    _add_contamination_flag(run)
     run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     run.set_defaults(handler=cmd_pipeline)
+
+
+def _add_contamination_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--contamination-embeddings", action="store_true",
+                        help="the run's contamination check of training data against the held-out tasks "
+                        "(contamination.json) adds the embedding signal to the n-gram ones (loads "
+                        "all-MiniLM-L6-v2, seconds)")  # fmt: skip
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -443,6 +474,7 @@ def _add_plot_and_demo_commands(commands: Any) -> None:
         help="reuse a finished demo run's SFT weights and pre-RL evaluations (compare RL variants from one "
         "warm-up; with another reward its evaluations' episodes are re-scored, with more env.max_turns run again)",
     )
+    _add_contamination_flag(demo)
     demo.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     demo.set_defaults(handler=cmd_demo)
 
@@ -514,6 +546,9 @@ def _add_eval_and_retriever_commands(commands: Any) -> None:
     run.add_argument("--episodes", type=int, help="number of held-out tasks to run (default eval.episodes)")
     run.add_argument("--samples", type=int, default=1, metavar="K", help="episodes sampled per task (default 1, "
                      "as the demo evaluates; K > 1 for pass@k or a lower-variance mean)")
+    run.add_argument("--repeats", type=int, default=1, metavar="N",
+                     help="run the evaluation N times, sampling seeds rollout.seed, +1, …: each repeat's mean, "
+                     "then their spread beside one run's standard error (default 1)")  # fmt: skip
     run.add_argument("--out", help="output directory (default: the recipe's eval.out)")
     run.add_argument("--overwrite", action="store_true", help="replace an evaluation already in --out")
     run.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
@@ -560,6 +595,9 @@ def _register_package_commands(commands: Any) -> None:
     from ponder.cli.data import register as register_data_command
 
     register_data_command(commands)  # `export-data`
+    from ponder.cli.contamination import register as register_contamination_command
+
+    register_contamination_command(commands)  # `contamination`
 
 
 def _add_mcp_serve_command(commands: Any) -> None:

@@ -18,7 +18,7 @@ NAME_COLUMN = 19  # "  bench-injection  " — the longest name and its margins
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge"),
-    "evaluate": ("eval", "report", "plot", "gain", "bench-agent", "bench-injection"),
+    "evaluate": ("eval", "report", "plot", "gain", "contamination", "bench-agent", "bench-injection"),
     "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
                       "a2a-serve", "tinker-serve"),
     "tools and data": ("tools", "gen-tasks", "export-data"),
@@ -40,13 +40,20 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "improve": ("ponder improve --recipe recipes/math.yaml --rounds 2 --out runs/improve",),
     "export": ("ponder export runs/grpo --out runs/grpo-hf --merge",),
     "merge": ("ponder merge examples/merge/ties.yaml",),
-    "eval": ("ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --out runs/eval",),
+    "eval": (
+        "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --out runs/eval",
+        "ponder eval --recipe recipes/math.yaml --repeats 5 eval.temperature=1",
+    ),
     "report": ("ponder report runs/grpo",),
     "plot": (
         "ponder plot runs/grpo",
         "ponder plot --compare runs/grpo runs/rloo --key reward/mean --out compare.png",
     ),
     "gain": ("ponder gain runs/demo runs/seed1 runs/seed2",),
+    "contamination": (
+        "ponder contamination recipes/math.yaml recipes/math.yaml",
+        "ponder contamination sft.jsonl eval.jsonl --json --out report.json",
+    ),
     "bench-agent": ("ponder bench-agent --model runs/fc --per-category 20 --retrieval-topk 0 5",),
     "bench-injection": ("ponder bench-injection --policy smollm2-135m --out runs/bench-injection",),
     "chat": ("ponder chat --model runs/grpo --tools calculator",),

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 from ponder.config import Recipe, load_recipe, save_recipe, to_dict
 from ponder.eval import evaluate, held_out_recipe, summarise
+from ponder.eval.contamination import summary_line
+from ponder.eval.contamination_data import RUN_REPORT, check_and_write
 from ponder.eval.gain import paired_by_task, verdict
 from ponder.fileio import atomic_path, write_json_atomic
 from ponder.jobs.parts import rl_trainer, warm_up
@@ -33,7 +35,7 @@ STAGES_FILE = "stages.json"
 
 def run_demo(
     recipe: Recipe, run_dir: str | Path, say: Callable[[str], None] = print, sft_from: str | Path | None = None,
-    resume: bool = False, skip_oracle: bool = False,
+    resume: bool = False, skip_oracle: bool = False, contamination_embeddings: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Run every stage; writes results.json, recipe.yaml, metrics and plots to run_dir.
 
@@ -44,6 +46,9 @@ def run_demo(
     measured (evaluations with their episodes, the finished SFT warm-up) are reused,
     RL resumes from its latest checkpoint, and only what is missing runs.
     skip_oracle: leave the oracle's evaluation (the ceiling) out.
+    contamination_embeddings: the contamination check of the training split against the
+    held-out tasks (run_dir/contamination.json, one line said, its totals in results.json)
+    adds the embedding signal to its n-gram ones.
     """
     check_recipe(recipe)  # a typo fails here, not at the stage that reads it
     run_dir = Path(run_dir)
@@ -57,6 +62,7 @@ def run_demo(
     policy = prepare_policy(recipe)
     eval_recipe = held_out_recipe(recipe)
     results: dict[str, Any] = {"stages": {}, "timing_s": {}, "eval_temperature": recipe.eval.temperature}
+    results["contamination"] = _contamination(eval_recipe, policy, run_dir, say, contamination_embeddings)
 
     def stage(name: str, fn: Callable[[], Any]) -> Any:
         tick = time.perf_counter()
@@ -119,6 +125,17 @@ def run_demo(
     plot_stages(results, run_dir / "stages.png")
     write_json_atomic(run_dir / "results.json", results)
     return results
+
+
+def _contamination(recipe: Recipe, policy: Any, run_dir: Path, say: Callable[[str], None],
+                   embeddings: bool) -> dict[str, Any]:  # fmt: skip
+    """The training split against the held-out tasks the evaluations score: the report
+    in run_dir, one line said, the totals returned."""
+    with build_env(recipe, policy.tokenizer) as spec:  # for its tasks; no episode runs
+        train, held_out = spec.train, spec.split(recipe.eval.split)[: recipe.eval.episodes]
+    report = check_and_write(train, held_out, run_dir / RUN_REPORT, embeddings)
+    say(summary_line(report))
+    return report.summary()
 
 
 def measured_stages(run_dir: Path, recipe: Recipe) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class Context:
     say: Callable[[str], None] = print
     env: EnvSpec | None = None
     stage_results: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    contamination: dict[str, Any] = field(default_factory=dict)  # the check's totals (contamination_data)
 
     def spec(self, policy: Policy) -> EnvSpec:
         """The environment, built once (every stage's policy shares one tokenizer)."""
@@ -131,9 +132,13 @@ def stage_plan(recipe: PipelineRecipe) -> list[tuple[str, str]]:
 
 
 def run_pipeline(
-    recipe: PipelineRecipe, out: str | Path, say: Callable[[str], None] = print
-) -> list[tuple[str, dict]]:
-    """Run (or resume) every stage; returns [(stage, its evaluation metrics)]."""
+    recipe: PipelineRecipe, out: str | Path, say: Callable[[str], None] = print,
+    contamination_embeddings: bool = False,
+) -> list[tuple[str, dict]]:  # fmt: skip
+    """Run (or resume) every stage; returns [(stage, its evaluation metrics)].
+    Before the stages, the training data is checked against the held-out tasks
+    (out/contamination.json, one line said; contamination_embeddings adds the
+    embedding signal to the n-gram ones)."""
     check_pipeline(recipe)
     ctx = Context(recipe, Path(out), say)
     ctx.out.mkdir(parents=True, exist_ok=True)
@@ -141,6 +146,7 @@ def run_pipeline(
     policy = load_policy(
         recipe.model.name, recipe.model.dtype, recipe.model.device, recipe.model.rope_scaling
     )
+    ctx.contamination = check_contamination_of(ctx, policy, contamination_embeddings)
     for name, dirname in stage_plan(recipe):
         stage_dir = ctx.out / dirname
         done = stage_dir / DONE
@@ -176,6 +182,26 @@ def _record_recipe(recipe: PipelineRecipe, out: Path) -> None:
                              "use --overwrite or another --out")  # fmt: skip
         return
     write_text_atomic(saved, text)
+
+
+def check_contamination_of(ctx: Context, policy: Policy, embeddings: bool = False) -> dict[str, Any]:
+    """The training data the stages read (the environment's train split, and the SFT
+    and preference files they train on) against the held-out tasks the evaluations
+    score; the report in out/, one line said, the totals returned. A continued run
+    (same recipe, _record_recipe) keeps the check it started with."""
+    from ponder.eval.contamination import summary_line
+    from ponder.eval.contamination_data import RUN_REPORT, check_and_write, read_items
+
+    if (ctx.out / RUN_REPORT).is_file():
+        return json.loads((ctx.out / RUN_REPORT).read_text())["summary"]
+    recipe, spec = ctx.recipe, ctx.spec(policy)
+    files = [path for stage, path in (("sft", recipe.data.sft_path), ("dpo", recipe.data.preference_path))
+             if stage in recipe.pipeline.stages and path]  # fmt: skip
+    more_train = [item for path in files for item in read_items(path, "train")]
+    held_out = spec.split(recipe.eval.split)[: recipe.eval.episodes]
+    report = check_and_write(spec.train, held_out, ctx.out / RUN_REPORT, embeddings, more_train)
+    ctx.say(summary_line(report))
+    return report.summary()
 
 
 def _run_stage(name: str, ctx: Context, policy: Policy, stage_dir: Path) -> tuple[Policy, dict[str, Any]]:
@@ -226,6 +252,9 @@ def evaluate_stage(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, A
         result = evaluate(recipe, policy=policy, on_episode_done=advance)
     save_result(result, recipe, stage_dir / "eval")
     metrics = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    if ctx.contamination:  # how far the held-out tasks overlap the training data
+        metrics["contamination_flagged"] = ctx.contamination["flagged"]
+        metrics["contamination_share"] = ctx.contamination["share"]
     tasks_by_id = {t.id: t for t in result.tasks}
     reward = ctx.agent_reward()
     metrics.update(agent_metrics(result.trajectories, tasks_by_id, reward))
