@@ -18,7 +18,8 @@ NAME_COLUMN = 19  # "  bench-injection  " — the longest name and its margins
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge"),
-    "evaluate": ("eval", "report", "plot", "gain", "contamination", "bench-agent", "bench-injection"),
+    "evaluate": ("eval", "report", "plot", "gain", "contamination", "bench-agent", "bench-injection",
+                 "sandbagging"),
     "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
                       "a2a-serve", "tinker-serve"),
     "tools and data": ("tools", "gen-tasks", "export-data"),
@@ -56,6 +57,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "bench-agent": ("ponder bench-agent --model runs/fc --per-category 20 --retrieval-topk 0 5",),
     "bench-injection": ("ponder bench-injection --policy smollm2-135m --out runs/bench-injection",),
+    "sandbagging": ("ponder sandbagging --recipe recipes/math.yaml --model runs/math",),
     "chat": ("ponder chat --model runs/grpo --tools calculator",),
     "run-agent": ('ponder run-agent --task "What is 17 * 23?" --tools calculator',),
     "serve": ("ponder serve --adapter grpo=runs/grpo --port 8000",),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ponder.config import Recipe, save_recipe
-from ponder.envs.base import EnvSpec
+from ponder.envs.base import Env, EnvSpec
 from ponder.eval.metrics import summarise
 from ponder.fileio import write_json_atomic
 from ponder.models import Policy, load_policy
@@ -37,6 +37,8 @@ def evaluate(
     on_episode_done: Callable[[Trajectory], None] | None = None,
     on_ready: Callable[[int], None] | None = None,
     oracle: bool = False,
+    wrap_env: Callable[[Env], Env] | None = None,
+    backend: GenerationBackend | None = None,
 ) -> EvalResult:
     """Run recipe.eval.episodes held-out tasks (group_size samples each) at
     eval.temperature (0 = greedy) and score them.
@@ -44,7 +46,9 @@ def evaluate(
     Everything that can fail on bad input (recipe, corpus, tasks, model) is loaded
     before any episode runs. on_ready(n_episodes) is called once loading is done.
     oracle=True replays each task's oracle actions instead of sampling: the ceiling
-    (the sampling caps on tokens do not apply to it).
+    (the sampling caps on tokens do not apply to it). wrap_env wraps every episode's
+    environment (e.g. to reframe its prompt, ponder.eval.sandbagging); backend
+    generates instead of the policy's own sampler (a scripted one in tests).
     """
     if recipe.eval.episodes < 1:
         raise EvalInputError(f"eval.episodes must be at least 1, got {recipe.eval.episodes}")
@@ -59,7 +63,7 @@ def evaluate(
         raise EvalInputError(f"eval.split: unknown '{recipe.eval.split}'; valid: eval, train")
     spec = build_env(recipe, policy.tokenizer)
     try:  # the factory (what its episodes share: a sandbox pool …) closes when they are scored
-        return _evaluate_on(spec, recipe, policy, on_episode_done, on_ready, oracle, loaded)
+        return _evaluate_on(spec, recipe, policy, on_episode_done, on_ready, oracle, loaded, wrap_env, backend)
     finally:
         spec.close()
 
@@ -67,6 +71,7 @@ def evaluate(
 def _evaluate_on(
     spec: EnvSpec, recipe: Recipe, policy: Policy, on_episode_done: Callable[[Trajectory], None] | None,
     on_ready: Callable[[int], None] | None, oracle: bool, loaded: bool,
+    wrap_env: Callable[[Env], Env] | None = None, backend: GenerationBackend | None = None,
 ) -> EvalResult:
     """evaluate's episodes: the split's first eval.episodes tasks, rolled out and scored."""
     split = spec.split(recipe.eval.split)
@@ -75,13 +80,14 @@ def _evaluate_on(
             f"env.kind '{recipe.env.kind}': no {recipe.eval.split} tasks (the task file or generator gives none)"
         )
     tasks = split[: recipe.eval.episodes]
-    factory = spec.factory
-    backend: GenerationBackend = (
-        ScriptedBackend(policy.tokenizer, {t.id: t.oracle_actions for t in tasks})
-        if oracle
-        else build_backend(policy, recipe, replace(recipe.rollout.sampling, temperature=recipe.eval.temperature),
-                           seed=recipe.rollout.seed)
-    )  # fmt: skip
+    factory = spec.factory if wrap_env is None else _wrapped(spec.factory, wrap_env)
+    if backend is None:
+        backend = (
+            ScriptedBackend(policy.tokenizer, {t.id: t.oracle_actions for t in tasks})
+            if oracle
+            else build_backend(policy, recipe, replace(recipe.rollout.sampling, temperature=recipe.eval.temperature),
+                               seed=recipe.rollout.seed)
+        )  # fmt: skip
     rollout = recipe.rollout
     if oracle:  # the ceiling is the solver's, not cut by the policy's sampling caps (as SFT replays it)
         rollout = replace(rollout, sampling=replace(rollout.sampling, max_new_tokens_per_turn=1 << 16,
@@ -104,6 +110,14 @@ def _evaluate_on(
         }
     )
     return EvalResult(trajectories, metrics, stats, tasks)
+
+
+def _wrapped(factory: Callable[[], Env], wrap: Callable[[Env], Env]) -> Callable[[], Env]:
+    """`factory` whose every episode's environment is `wrap`ped; a factory with its own
+    rollout driver (an agent program) has no prompt of ponder's to wrap."""
+    if getattr(factory, "driver", None) is not None:
+        raise EvalInputError("this environment's episodes run an agent program: ponder cannot reframe its prompts")
+    return lambda: wrap(factory())
 
 
 def trained_weights(model: str) -> dict[str, Any]:
