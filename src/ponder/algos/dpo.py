@@ -1,4 +1,5 @@
-"""Preference losses (DPO and relatives) and the EWC penalty, as pure tensor functions.
+"""Preference losses (DPO and relatives), as pure tensor functions (the EWC
+penalty is in ponder.algos.continual, importable from here too).
 
 Preference losses are registered with one signature:
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ponder.algos.continual import ewc_penalty  # noqa: F401  (re-exported)
 from ponder.algos.utils import masked_mean, masked_sum
 from ponder.registry import Registry
 
@@ -101,21 +103,3 @@ def dpo_loss(
         "accuracy": (chosen_reward > rejected_reward).float(),
     }
     return losses, stats
-
-
-def ewc_penalty(
-    params: dict[str, torch.Tensor],
-    anchors: dict[str, torch.Tensor],
-    fisher: dict[str, torch.Tensor],
-    weight: float,
-) -> torch.Tensor:
-    """EWC (Kirkpatrick 2017): (weight / 2) · Σ_i F_i · (θ_i − θ*_i)² over the named
-    parameters in `anchors` (θ* after the previous task, F its diagonal Fisher, same
-    shapes as the parameters). A scalar with gradient through `params`."""
-    total = None
-    for name, anchor in anchors.items():
-        term = (fisher[name] * (params[name] - anchor) ** 2).sum()
-        total = term if total is None else total + term
-    if total is None:
-        return torch.zeros(())
-    return 0.5 * weight * total

@@ -83,19 +83,54 @@ class SelectionConfig:
 
 @dataclass
 class ContinualConfig:
-    """Continual learning across stages or task families.
+    """Continual learning across stages or task families (ponder.train.continual_methods).
 
-    replay_capacity: rehearsal buffer size (reservoir sampling; 0 = no replay).
-    replay_ratio: share of each batch drawn from the buffer once it holds examples.
-    ewc_lambda: EWC penalty weight (0 = off).
-    fisher_examples: examples of the previous task whose squared gradients estimate
-        the diagonal Fisher.
+    method: `naive` (plain sequential fine-tuning), `replay` (rehearsal), `ewc`,
+        `si` (Synaptic Intelligence), `mas` (Memory Aware Synapses), `agem`
+        (A-GEM), `derpp` (DER++) or `lora_per_task` (an adapter per family);
+        empty = chosen from the fields below: `ewc` when ewc_lambda is positive,
+        else `replay` when replay_capacity is, else `naive`.
+    replay_capacity: buffer size (reservoir sampling): the rehearsal buffer of
+        `replay` (and of `ewc`, `si`, `mas` when > 0), the episodic memory of
+        `agem` and `derpp`; 0 = no buffer.
+    replay_ratio: share of each batch drawn from the rehearsal buffer once it
+        holds examples (`agem` and `derpp` read their memory separately).
+    ewc_lambda: EWC penalty weight λ, (λ/2)·Σ F (θ − θ*)² (0 = off).
+    fisher_examples: examples of the previous task that estimate EWC's diagonal
+        Fisher and MAS's importance.
+    si_c: SI's penalty weight c, c·Σ Ω (θ − θ*)².
+    si_xi: SI's damping ξ in Ω = ω / (Δ² + ξ).
+    mas_lambda: MAS's penalty weight λ, λ·Σ Ω (θ − θ*)².
+    memory_batch_size: examples drawn from the memory per step: A-GEM's
+        reference-gradient batch, each of DER++'s two batches.
+    derpp_alpha: DER++'s weight of the logit-matching (MSE) term.
+    derpp_beta: DER++'s weight of the NLL on buffered examples.
+    derpp_topk: logits stored per assistant position of a buffered example: its
+        top-k (values and ids; 0 = the whole vocabulary).
+    lora_router: how `lora_per_task` picks an adapter at evaluation: `task` (the
+        family's own) or `centroid` (nearest mean prompt state of the base model).
+    lora_merge: merge the per-family adapters at the end with this method of
+        `ponder merge` (`linear`, `ties`, `dare_ties` …, on the full task
+        vectors) and score the merged model too; empty = no merge.
+    lora_merge_density: the merge's kept fraction: TIES's density, DARE's
+        1 − drop rate (`ponder merge`'s parameters).
     """
 
+    method: str = ""
     replay_capacity: int = 0
     replay_ratio: float = 0.25
     ewc_lambda: float = 0.0
     fisher_examples: int = 16
+    si_c: float = 1.0
+    si_xi: float = 1e-3
+    mas_lambda: float = 1.0
+    memory_batch_size: int = 4
+    derpp_alpha: float = 0.5
+    derpp_beta: float = 0.5
+    derpp_topk: int = 64
+    lora_router: str = "task"
+    lora_merge: str = ""
+    lora_merge_density: float = 1.0
 
 
 @dataclass

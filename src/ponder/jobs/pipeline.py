@@ -44,7 +44,7 @@ from ponder.models.prepare import fresh_trainable
 from ponder.rewards import format_compliance
 from ponder.rewards.agent import AgentReward
 from ponder.runlog.progress import item_progress
-from ponder.train.continual import EWCState, ReservoirBuffer
+from ponder.train.continual_methods import CONTINUAL_METHODS, ContinualMethod, build_method, check_continual
 from ponder.train.dpo import (
     DPOTrainer,
     PreferenceExample,
@@ -117,6 +117,7 @@ def check_pipeline(recipe: PipelineRecipe) -> None:
     PREFERENCE_LOSSES.check(recipe.dpo.loss, "dpo.loss")
     STYLES.check(recipe.data.tool_style, "data.tool_style")
     STRATEGIES.check(recipe.selection.strategy, "selection.strategy")
+    _check_continual(recipe)
     check_recipe(recipe)
     # Data files are read once here too: a broken or unusable file fails before any stage writes
     if "sft" in stages and recipe.data.sft_path:
@@ -338,9 +339,11 @@ def run_sft(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
         [examples[train_rows[i]] for i in kept],
         [examples[i] for i in eval_rows],
         dict(recipe.data.task_weights),
-        replay_ratio=recipe.continual.replay_ratio, pack_tokens=recipe.rollout.sampling.max_total_tokens,
+        pack_tokens=recipe.rollout.sampling.max_total_tokens,
     )  # fmt: skip
-    inputs.replay, inputs.ewc = _continual(ctx, policy, stage_dir)
+    method = _continual(ctx, policy, stage_dir)
+    if method is not None:  # rehearsal buffer, its ratio, the method's step hook
+        inputs = replace(inputs, **method.sft_inputs())
     trainer = SFTTrainer(policy, inputs, recipe.sft_trainer, stage_dir, recipe.train.seed)
     report["resumed_from"] = trainer.resume()
     history = _train_with_progress(trainer, "SFT steps", recipe.sft_trainer.steps)
@@ -350,26 +353,32 @@ def run_sft(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:
     return report
 
 
-def _continual(
-    ctx: Context, policy: Policy, stage_dir: Path
-) -> tuple[ReservoirBuffer | None, EWCState | None]:
-    """Replay buffer and EWC state over the warm-up's examples, when configured and present."""
+def _check_continual(recipe: PipelineRecipe) -> None:
+    """continual.method, for the sft stage: the earlier task is the warm-up, which has
+    finished, so a method that must watch its training (SI) or keeps an adapter per
+    task (the stages chain adapters already) does not apply."""
+    name = check_continual(recipe.continual)
+    for trait, why in (("needs_path", "accumulates its importance while the earlier task trains"),
+                       ("isolates", "keeps an adapter per task; the stages already train fresh adapters")):  # fmt: skip
+        if CONTINUAL_METHODS.trait(name, trait):
+            raise ValueError(f"continual.method {name}: {why}, so the pipeline cannot run it after the "
+                             "warm-up; use it in a task sequence (docs/guide/pipeline.md)")  # fmt: skip
+
+
+def _continual(ctx: Context, policy: Policy, stage_dir: Path) -> ContinualMethod | None:
+    """The continual-learning method with the warm-up's examples as the earlier task
+    (consolidated, in its buffer), when configured and present."""
     cfg = ctx.recipe.continual
     previous = sorted(ctx.out.glob(f"*-warmup/{EXAMPLES}"))
-    if not previous or (cfg.replay_capacity <= 0 and cfg.ewc_lambda <= 0):
-        return None, None
+    if not previous or check_continual(cfg) == "naive":
+        return None
     # the inline style gives back each episode's exact token ids and loss mask
     formatter = ChatFormatter(policy.tokenizer, "inline")
     examples = [formatter(conversation) for conversation in load_conversations(previous[0])[0]]
-    replay = None
-    if cfg.replay_capacity > 0:
-        replay = ReservoirBuffer(cfg.replay_capacity, ctx.recipe.train.seed)
-        replay.extend(examples)
-    ewc = None
-    if cfg.ewc_lambda > 0:
-        ewc = EWCState(cfg.ewc_lambda)
-        ewc.consolidate(policy, examples[: cfg.fisher_examples])
-    return replay, ewc
+    method = build_method(cfg, ctx.recipe.train.seed, ctx.recipe.sft_trainer.micro_batch_size, stage_dir)
+    method.begin(policy)
+    method.end_family(policy, 0, examples)
+    return method
 
 
 def run_dpo(ctx: Context, policy: Policy, stage_dir: Path) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Training on a sequence of task families, and the accuracy matrix that AA / BWT /
-FWT are computed from (ponder.eval.agent_metrics.forgetting_metrics).
+"""Training on a sequence of task families with a continual-learning method
+(`continual.method`, ponder.train.continual_methods), and the accuracy matrix that
+AA / BWT / FWT are computed from (ponder.eval.agent_metrics.forgetting_metrics).
 
 Accuracy is teacher-forced, so one forward pass scores a family: an assistant turn
 counts as right when the model's greedy (argmax) token equals the demonstration's
@@ -21,7 +22,7 @@ from ponder.config import ContinualConfig, SFTTrainerConfig
 from ponder.data.format import TokenizedExample
 from ponder.models.logprobs import position_ids_from_mask
 from ponder.train.batch import collate
-from ponder.train.continual import EWCState, ReservoirBuffer
+from ponder.train.continual_methods import ContinualMethod, build_method, resolve_method
 from ponder.train.sft import SFTInputs, SFTTrainer
 
 
@@ -38,10 +39,12 @@ def turn_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(
+def teacher_forced_counts(
     policy: Any, examples: list[TokenizedExample], micro_batch_size: int = 4
-) -> dict[str, float]:
-    """{"turn_accuracy", "token_accuracy"} over the examples' assistant turns (see module doc)."""
+) -> dict[str, int]:
+    """{"turns_right", "turns", "tokens_right", "tokens"} over the examples' assistant
+    turns (see module doc): tallies, so groups scored apart (routed to different
+    adapters) add up."""
     policy.model.eval()
     turns_right = turns = tokens_right = tokens = 0
     for start in range(0, len(examples), micro_batch_size):
@@ -60,7 +63,22 @@ def teacher_forced_accuracy(
                 turns_right += int(bool(hits.all()))
                 tokens += len(hits)
                 tokens_right += int(hits.sum())
-    return {"turn_accuracy": turns_right / max(1, turns), "token_accuracy": tokens_right / max(1, tokens)}
+    return {"turns_right": turns_right, "turns": turns, "tokens_right": tokens_right, "tokens": tokens}
+
+
+def accuracies(counts: dict[str, int]) -> dict[str, float]:
+    """{"turn_accuracy", "token_accuracy"} from teacher_forced_counts' tallies."""
+    return {
+        "turn_accuracy": counts.get("turns_right", 0) / max(1, counts.get("turns", 0)),
+        "token_accuracy": counts.get("tokens_right", 0) / max(1, counts.get("tokens", 0)),
+    }
+
+
+def teacher_forced_accuracy(
+    policy: Any, examples: list[TokenizedExample], micro_batch_size: int = 4
+) -> dict[str, float]:
+    """{"turn_accuracy", "token_accuracy"} over the examples' assistant turns (see module doc)."""
+    return accuracies(teacher_forced_counts(policy, examples, micro_batch_size))
 
 
 @dataclass
@@ -74,13 +92,23 @@ class Family:
 
 @dataclass
 class SequenceResult:
-    """accuracy[i][j]: family j after training on families 0..i; baseline[j]: before any."""
+    """accuracy[i][j]: family j after training on families 0..i; baseline[j]: before any;
+    merged[j]: family j scored by the method's merged model (lora_per_task with
+    continual.lora_merge), else empty."""
 
     families: list[str]
     accuracy: list[list[float]] = field(default_factory=list)
     baseline: list[float] = field(default_factory=list)
     token_accuracy: list[list[float]] = field(default_factory=list)
     history: list[dict[str, float]] = field(default_factory=list)
+    method: str = ""
+    merged: list[float] = field(default_factory=list)
+
+
+def score_families(policy: Any, families: list[Family], method: ContinualMethod) -> list[dict[str, float]]:
+    """Each family's held-out accuracies, as the method scores it (its adapter routing)."""
+    counts = [method.score(policy, j, f.eval, teacher_forced_counts) for j, f in enumerate(families)]
+    return [accuracies(c) for c in counts]
 
 
 def train_sequence(
@@ -91,17 +119,19 @@ def train_sequence(
     run_dir: str | Path,
     seed: int = 0,
     say: Callable[[str], None] = print,
+    method: ContinualMethod | None = None,
 ) -> SequenceResult:
-    """Fine-tune on each family in turn (fresh optimizer each), with replay and/or EWC
-    as `continual` says, scoring every family after each one."""
+    """Fine-tune on each family in turn (fresh optimizer each) with the method
+    `continual` names (or `method`, built by the caller with build_method to read its
+    state afterwards), scoring every family after each one."""
     run_dir = Path(run_dir)
-    replay = ReservoirBuffer(continual.replay_capacity, seed) if continual.replay_capacity > 0 else None
-    ewc = EWCState(continual.ewc_lambda) if continual.ewc_lambda > 0 else None
-    result = SequenceResult([f.name for f in families])
-    scores = [teacher_forced_accuracy(policy, f.eval) for f in families]
-    result.baseline = [s["turn_accuracy"] for s in scores]
+    method = method or build_method(continual, seed, sft.micro_batch_size, run_dir)
+    method.begin(policy)
+    result = SequenceResult([f.name for f in families], method=resolve_method(continual))
+    result.baseline = [s["turn_accuracy"] for s in score_families(policy, families, method)]
     for index, family in enumerate(families):
-        inputs = SFTInputs(family.train, replay=replay, replay_ratio=continual.replay_ratio, ewc=ewc)
+        method.start_family(policy, index)
+        inputs = SFTInputs(family.train, **method.sft_inputs())
         trainer = SFTTrainer(
             policy,
             inputs,
@@ -110,15 +140,16 @@ def train_sequence(
             seed,
         )
         result.history += trainer.train()
-        scores = [teacher_forced_accuracy(policy, f.eval) for f in families]
+        method.end_family(policy, index, family.train)
+        scores = score_families(policy, families, method)
         result.accuracy.append([s["turn_accuracy"] for s in scores])
         result.token_accuracy.append([s["token_accuracy"] for s in scores])
         say(
             f"after {family.name}: "
             + ", ".join(f"{f.name}={s['turn_accuracy']:.3f}" for f, s in zip(families, scores))
         )
-        if replay is not None:
-            replay.extend(family.train)
-        if ewc is not None:
-            ewc.consolidate(policy, family.train[: continual.fisher_examples])
+    merged = method.merged_policy(policy)
+    if merged is not None:
+        result.merged = [teacher_forced_accuracy(merged, f.eval)["turn_accuracy"] for f in families]
+        say("merged: " + ", ".join(f"{f.name}={a:.3f}" for f, a in zip(families, result.merged)))
     return result

@@ -33,7 +33,7 @@ from ponder.rollout import ScriptedBackend, build_engine
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.train.batch import TokenBatch, collate
 from ponder.train.checkpoint import Resumable, rng_state, set_rng_state
-from ponder.train.continual import EWCState, ReservoirBuffer, replay_count
+from ponder.train.continual import EWCState, ReservoirBuffer, StepHook, replay_count
 from ponder.train.optim import build_optimizer, optimizer_step
 from ponder.train.sampler import ExampleSampler
 from ponder.types import Task, Trajectory
@@ -138,6 +138,8 @@ class SFTInputs:
     type -> sampling weight (a conversation's task_type; a demonstration's is `general`).
     replay: rehearsal buffer whose items are mixed into each batch (replay_ratio).
     ewc: EWC state of earlier tasks (penalty added to every step's loss).
+    continual: a continual-learning method's step hook (train/continual.py: SI, MAS,
+        A-GEM, DER++ …), called after the NLL backward and after the optimizer step.
     pack_tokens: row length when cfg.packing is on (tokenised examples only).
     """
 
@@ -147,6 +149,7 @@ class SFTInputs:
     replay: ReservoirBuffer | None = None
     replay_ratio: float = 0.0
     ewc: EWCState | None = None
+    continual: StepHook | None = None
     pack_tokens: int = 1024
 
 
@@ -220,14 +223,14 @@ class SFTTrainer(Resumable):
         batch = sft_batch(rows, self.policy.tokenizer.pad_token_id)
         self.policy.model.train()
         metrics = {"sft/loss": masked_nll_pass(self.policy, batch, cfg.micro_batch_size)}
-        if inputs.ewc is not None:
-            term = inputs.ewc.penalty(self.policy)
-            if term.requires_grad:
-                term.backward()
-            metrics["sft/ewc_penalty"] = float(term.detach())
+        hooks = [hook for hook in (inputs.ewc, inputs.continual) if hook is not None]
+        for hook in hooks:
+            metrics.update(hook.after_backward(self.policy, self.params))
         metrics["sft/grad_norm"], metrics["sft/lr"] = optimizer_step(
             self.params, self.optimizer, self.scheduler, cfg.max_grad_norm
         )
+        for hook in hooks:
+            hook.after_step(self.policy, self.params)
         release_memory()  # the step's activations, before the next step allocates its own
         if inputs.replay is not None:
             metrics["sft/replayed"] = float(replayed)
@@ -243,12 +246,16 @@ class SFTTrainer(Resumable):
         state = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": rng_state()}
         if self.inputs.replay is not None:
             state["replay"] = self.inputs.replay.state_dict()
+        if self.inputs.continual is not None:
+            state["continual"] = self.inputs.continual.state_dict()
         return state
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
         if self.inputs.replay is not None and "replay" in state:
             self.inputs.replay.load_state_dict(state["replay"])
+        if self.inputs.continual is not None and "continual" in state:
+            self.inputs.continual.load_state_dict(state["continual"])
         set_rng_state(state["rng"])
 
 
