@@ -24,6 +24,9 @@ ONLY = {
     "ponder.config": ("ponder.config", *LEAVES),
     "ponder.algos": ("ponder.algos", "ponder.types", "ponder.registry"),
     "ponder.bfcl": ("ponder.bfcl", "ponder.types", "ponder.tools", *LEAVES),
+    # the estimate reads recipes, model configs (no weights) and run logs; it trains and runs nothing
+    "ponder.estimate": ("ponder.estimate", "ponder.types", "ponder.config", "ponder.models", "ponder.runlog",
+                        *LEAVES),
     **{leaf: (leaf,) for leaf in LEAVES},  # a leaf imports nothing of ponder
 }
 NEVER = {
@@ -120,11 +123,13 @@ def test_a_broken_import_is_caught():
         "ponder.eval.runner": {"ponder.wiring", "ponder.train.rl"},
         "ponder.serve.app": {"ponder.cli.serve"},
         "ponder.config.load": {"ponder.fileio", "ponder.types"},
+        "ponder.estimate.recipe": {"ponder.config", "ponder.models.model_config", "ponder.train.optim"},
     }
     assert violations(graph) == [
         "ponder.algos.losses -> ponder.models.lora",
         "ponder.config.load -> ponder.types",
         "ponder.envs.math -> ponder.eval.metrics",
+        "ponder.estimate.recipe -> ponder.train.optim",
         "ponder.eval.runner -> ponder.train.rl",
         "ponder.rewards.qa -> ponder.envs.synthetic",
         "ponder.rollout.engine -> ponder.envs.search_qa",

@@ -598,6 +598,9 @@ def _register_package_commands(commands: Any) -> None:
     from ponder.cli.contamination import register as register_contamination_command
 
     register_contamination_command(commands)  # `contamination`
+    from ponder.cli.estimate import register as register_estimate_command
+
+    register_estimate_command(commands)  # `estimate`
     from ponder.cli.sandbagging import register as register_sandbagging_command
 
     register_sandbagging_command(commands)  # `sandbagging`

@@ -17,7 +17,7 @@ WIDTH = 80  # the grouped list never passes this column
 NAME_COLUMN = 19  # "  bench-injection  " — the longest name and its margins
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge"),
+    "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge", "estimate"),
     "evaluate": ("eval", "report", "plot", "gain", "contamination", "bench-agent", "bench-injection",
                  "sandbagging"),
     "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
@@ -41,6 +41,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "improve": ("ponder improve --recipe recipes/math.yaml --rounds 2 --out runs/improve",),
     "export": ("ponder export runs/grpo --out runs/grpo-hf --merge",),
     "merge": ("ponder merge examples/merge/ties.yaml",),
+    "estimate": (
+        "ponder estimate recipes/demo.yaml",
+        "ponder estimate recipes/demo.yaml --device h100 --devices 4 --json",
+        "ponder estimate --versus runs/demo",
+    ),
     "eval": (
         "ponder eval --recipe recipes/search_qa.yaml --model runs/grpo --out runs/eval",
         "ponder eval --recipe recipes/math.yaml --repeats 5 eval.temperature=1",

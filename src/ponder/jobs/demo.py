@@ -18,7 +18,7 @@ from ponder.eval.gain import paired_by_task, verdict
 from ponder.fileio import atomic_path, write_json_atomic
 from ponder.jobs.parts import rl_trainer, warm_up
 from ponder.models.adapters import MANIFEST, load_adapter_weights
-from ponder.models.memory import release_memory
+from ponder.models.memory import peak_memory, release_memory
 from ponder.models.prepare import prepare_policy
 from ponder.rewards import score_trajectories
 from ponder.rundir import RunDirError, recipe_changes
@@ -62,12 +62,14 @@ def run_demo(
     policy = prepare_policy(recipe)
     eval_recipe = held_out_recipe(recipe)
     results: dict[str, Any] = {"stages": {}, "timing_s": {}, "eval_temperature": recipe.eval.temperature}
+    results["memory/peak_gb"] = {}  # each stage's end: the process's peaks so far (ponder estimate --versus)
     results["contamination"] = _contamination(eval_recipe, policy, run_dir, say, contamination_embeddings)
 
     def stage(name: str, fn: Callable[[], Any]) -> Any:
         tick = time.perf_counter()
         say(f"{name} …")
         value = fn()
+        results["memory/peak_gb"][name] = peak_memory()
         release_memory()
         results["timing_s"][name] = time.perf_counter() - tick
         return value

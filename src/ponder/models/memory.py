@@ -69,3 +69,18 @@ def peak_rss_gb() -> float:
         return 0.0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
+
+
+def peak_gpu_gb() -> float:
+    """torch's peak GPU allocation so far, in GB (0.0 until CUDA is in use)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0.0
+    return torch.cuda.max_memory_allocated() / 1e9
+
+
+def peak_memory() -> dict[str, float]:
+    """The process's peaks so far, in GB: `rss` (the resident set) and, once CUDA is in
+    use, `gpu` (torch's allocations). What a stage records as it ends."""
+    gpu = peak_gpu_gb()
+    return {"rss": peak_rss_gb(), **({"gpu": gpu} if gpu else {})}

@@ -60,12 +60,11 @@ def tiny_tokenizer(vocab_size: int = 512):
     return tokenizer
 
 
-def tiny_policy(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, device: str = "cpu") -> Policy:
-    """A randomly initialised 2-layer Llama with the tiny tokenizer (seeded, no download)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_config(tokenizer, hidden_size: int = 64, num_layers: int = 2):
+    """The tiny model's LlamaConfig for `tokenizer` (what tiny_policy builds; no weights)."""
+    from transformers import LlamaConfig
 
-    tokenizer = tiny_tokenizer()
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -78,6 +77,14 @@ def tiny_policy(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, devic
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
+
+
+def tiny_policy(seed: int = 0, hidden_size: int = 64, num_layers: int = 2, device: str = "cpu") -> Policy:
+    """A randomly initialised 2-layer Llama with the tiny tokenizer (seeded, no download)."""
+    from transformers import LlamaForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    config = tiny_config(tokenizer, hidden_size, num_layers)
     with torch.random.fork_rng():  # building a model must not shift the caller's RNG
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -44,7 +44,7 @@ from ponder.envs.base import close_env
 from ponder.models import Policy, adapters_disabled, trainable_snapshot, weights_swapped
 from ponder.models.adapters import load_adapter_weights
 from ponder.models.cpu_matmul import check_matmul_dtype
-from ponder.models.memory import peak_rss_gb, release_memory
+from ponder.models.memory import peak_gpu_gb, peak_rss_gb, release_memory
 from ponder.models.value_head import ValueHead
 from ponder.rewards import score_trajectories
 from ponder.rewards.hacking import HackingMonitor
@@ -308,6 +308,8 @@ class RLTrainer:
                 "policy/kl_coef": self.kl.coef,
             }
         )
+        if peak_gpu_gb():  # on a GPU: torch's peak allocation so far (ponder estimate --versus)
+            metrics["memory/gpu_peak_gb"] = peak_gpu_gb()
         return metrics
 
     def _no_grad_passes(self, batch: TokenBatch) -> dict[str, float]:
