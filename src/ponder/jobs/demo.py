@@ -204,7 +204,7 @@ class _SFTRun:
 # and the sampler (the backend draws from the same policy; the warm-up's evaluations
 # stay the ones it made, and the RL stage's are made by the new backend: `ponder eval`
 # the result to compare with one sampler).
-RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward")
+RL_SECTIONS = ("algo", "optim", "train", "tracking", "reward", "teacher")  # teacher: scores RL episodes only
 RL_KEYS = {"rollout": ("group_size", "backend", "vllm_weight_sync", "vllm_url", "vllm_python",
                        "vllm_timeout_s", "vllm_retries", "vllm_start_timeout_s", "sampling.temperature",
                        "constrain"),  # the warm-up replays demonstrations: no grammar reaches it
