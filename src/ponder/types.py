@@ -117,6 +117,9 @@ class Turn:
 
     `action` is the text the policy generated this turn; `observation` the text the
     environment appended after it (None when the episode ended on this turn).
+    In the response a turn is n_action_tokens, then n_summary_tokens (context
+    compaction's policy summary written here: its instruction, loss 0, and the summary,
+    loss 1; rollout.context), then n_observation_tokens.
     """
 
     index: int
@@ -128,11 +131,17 @@ class Turn:
     error: str | None = None
     n_action_tokens: int = 0
     n_observation_tokens: int = 0
+    n_summary_tokens: int = 0
     # Names of the tools shown to the policy this turn when tools were retrieved per turn
     # (empty: every tool was shown), so RL with retrieval in the loop knows what was offered.
     offered_tools: list[str] = field(default_factory=list)
     # The environment's reward for this turn (info["reward"] of its step), if it gives one.
     reward: float | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """The turn's tokens in the response: action, summary block, observation."""
+        return self.n_action_tokens + self.n_summary_tokens + self.n_observation_tokens
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -157,6 +166,10 @@ class Trajectory:
     0 for tool output, retrieved text and any other environment text.
     old_logprobs[i] is the behaviour policy's log-probability of response_ids[i]
     at sampling time (0.0 where loss_mask is 0).
+    segments: where context compaction (rollout.context) started the policy's context
+    again: (offset, prompt_ids) per restart, response_ids[offset:] (up to the next
+    restart) having been sampled after prompt_ids instead of after everything before;
+    empty when the episode never compacted (one segment: prompt_ids + response_ids).
     """
 
     task_id: str
@@ -170,6 +183,7 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     group_id: str = ""
     stop_reason: str = ""
+    segments: list[tuple[int, list[int]]] = field(default_factory=list)
     # The grammar its actions were sampled under (a ponder.rollout.constrain.Constraint,
     # rollout.constrain), for the trainer to replay; kept in memory, not written to files.
     constraint: Any = None
@@ -197,6 +211,10 @@ class Trajectory:
             )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError(f"trajectory {self.task_id}: loss_mask holds values other than 0/1")
+        offsets = [0] + [offset for offset, _ in self.segments]
+        if any(not a < b <= n for a, b in zip(offsets, offsets[1:])):
+            raise ValueError(f"trajectory {self.task_id}: segment offsets {offsets[1:]} must increase within "
+                             f"the response ({n} tokens)")
 
     def to_row(self) -> dict[str, Any]:
         """A flat dict for Parquet: turns as a list of structs, arguments as JSON text,
@@ -206,6 +224,7 @@ class Trajectory:
         row["turns"] = [_turn_row(t) for t in self.turns]
         row["breakdown"] = [{"key": k, "value": v} for k, v in self.breakdown.items()]
         row["metrics"] = [{"key": k, "value": v} for k, v in self.metrics.items()]
+        row["segments"] = [{"offset": offset, "prompt_ids": list(ids)} for offset, ids in self.segments]
         return row
 
     @classmethod
@@ -216,6 +235,7 @@ class Trajectory:
         data["turns"] = [_turn_from_row(t) for t in data.get("turns") or []]
         data["breakdown"] = _dict_from_pairs(data.get("breakdown"))
         data["metrics"] = _dict_from_pairs(data.get("metrics"))
+        data["segments"] = [(int(s["offset"]), list(s["prompt_ids"])) for s in data.get("segments") or []]
         return cls(**data)
 
 
@@ -255,11 +275,13 @@ def _parquet_schema():  # pyarrow is imported lazily: plain-data users need not 
             ("error", pa.string()),
             ("n_action_tokens", pa.int64()),
             ("n_observation_tokens", pa.int64()),
+            ("n_summary_tokens", pa.int64()),
             ("offered_tools", pa.list_(pa.string())),
             ("reward", pa.float64()),
         ]
     )
     named_value = pa.struct([("key", pa.string()), ("value", pa.float64())])
+    segment = pa.struct([("offset", pa.int64()), ("prompt_ids", pa.list_(pa.int64()))])
     return pa.schema(
         [
             ("task_id", pa.string()),
@@ -275,6 +297,7 @@ def _parquet_schema():  # pyarrow is imported lazily: plain-data users need not 
             ("metrics", pa.list_(named_value)),
             ("group_id", pa.string()),
             ("stop_reason", pa.string()),
+            ("segments", pa.list_(segment)),
         ]
     )
 

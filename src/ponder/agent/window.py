@@ -14,6 +14,12 @@ from typing import Any
 
 Message = dict[str, Any]
 _SUMMARY_LINE_CHARS = 120
+SUMMARY_HEADING = "Summary of the earlier conversation:\n"
+
+
+def dropped_note(count: int, what: str = "messages") -> str:
+    """The one line shown in place of `count` left-out messages (or turns)."""
+    return f"({count} earlier {what} were left out to fit the context window.)"
 
 
 def _exchanges(messages: list[Message]) -> list[list[Message]]:
@@ -64,8 +70,5 @@ def fit_window(
     shown = [m for group in groups[len(groups) - kept :] for m in group]
     if not dropped:
         return list(messages)
-    if mode == "summarize":
-        note = "Summary of the earlier conversation:\n" + summarize(dropped)
-    else:
-        note = f"({len(dropped)} earlier messages were left out to fit the context window.)"
+    note = SUMMARY_HEADING + summarize(dropped) if mode == "summarize" else dropped_note(len(dropped))
     return head + [{"role": "user", "content": note}] + shown

@@ -34,6 +34,7 @@ from ponder.config.pipeline import (
 from ponder.config.sections import (
     AlgoConfig,
     ConstrainConfig,
+    ContextConfig,
     EnvConfig,
     EvalConfig,
     ImproveConfig,
@@ -54,7 +55,7 @@ from ponder.config.sections import (
 
 __all__ = [
     "AgentRewardConfig", "AlgoConfig", "apply_overrides", "check_ranges", "ConfigError",
-    "ContinualConfig", "DataConfig", "DPOConfig", "EnvConfig", "EvalConfig", "from_dict",
+    "ContextConfig", "ContinualConfig", "DataConfig", "DPOConfig", "EnvConfig", "EvalConfig", "from_dict",
     "ImproveConfig", "JudgeConfig", "load_recipe", "LoraConfig", "ModelConfig", "OptimConfig",
     "packaged_recipes", "PipelineConfig", "PipelineRecipe", "Recipe", "resolve_recipe_path",
     "ConstrainConfig", "RewardConfig", "RolloutConfig", "RopeScalingConfig", "SamplingConfig",

@@ -7,7 +7,7 @@ Plain data: imports nothing of ponder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 @dataclass
@@ -68,7 +68,9 @@ class SamplingConfig:
     temperature: 0 means greedy. Logprobs are recorded at this temperature.
     top_p: nucleus sampling mass (1.0 = off).
     max_new_tokens_per_turn: cap on one model action.
-    max_total_tokens: cap on prompt + response; the episode stops when reached.
+    max_total_tokens: cap on prompt + response; the episode stops when reached. With
+        rollout.context on it counts the opening prompt and the whole response (every
+        segment's), and rollout.context.max_tokens caps what the policy reads at once.
     decoder: `auto` decodes Llama-family models with ponder's lean forward (fused
         weights: rollout/llama_decode.py; packed on the CPU; on a GPU its decode
         steps compiled by torch.compile and replayed from CUDA graphs:
@@ -97,6 +99,49 @@ class SamplingConfig:
 
 
 WEIGHT_SYNCS = ("merged", "adapter")
+SUMMARISERS = ("rule", "policy", "drop")
+# Short enough to show as its default in the recipe reference's 80 columns.
+SUMMARY_INSTRUCTION = "\n\n[Window full. Summarise what you found and what is left.]\n\n"
+
+
+@dataclass
+class ContextConfig:
+    """rollout.context: context compaction, for episodes longer than the window the policy
+    reads (rollout/compaction.py). When an episode's context, the next observation and one
+    more action would not fit in max_tokens, the context starts again: the opening prompt,
+    a summary of the turns it leaves out (a user message), the last keep_last_turns turns'
+    own token ids, then the observation. The response stays one stream of tokens; each
+    restart is recorded (Trajectory.segments) and the trainer scores every token under the
+    context it was sampled in. Episodes that never fill the window run as without it.
+
+    max_tokens: the window: the most tokens one context holds (prompt and response); 0 =
+        off (rollout.sampling.max_total_tokens then ends a long episode).
+    keep_last_turns: turns carried over verbatim (the current action among them); fewer
+        when they do not fit.
+    summariser: `rule`: one line per left-out message, its role and the start of its text
+        (the agent runtime's extractive summary); `policy`: `instruction` is appended and
+        the policy writes the summary, whose tokens are trained as actions under the old
+        context and carried into the new one as they were sampled (an empty one falls back
+        to the rule's, counted as context/empty_summaries); `drop`: no summary, a one-line
+        note of how many turns were left out.
+    summary_max_tokens: cap on a summary (the rule's keeps its newest lines; the policy
+        samples at most this many tokens).
+    instruction: what the policy summariser is told (environment text, loss 0).
+    """
+
+    max_tokens: int = 0
+    keep_last_turns: int = 2
+    summariser: str = "rule"
+    summary_max_tokens: int = 64
+    instruction: str = SUMMARY_INSTRUCTION
+
+    def __post_init__(self) -> None:
+        if self.summariser not in SUMMARISERS:
+            valid = ", ".join(SUMMARISERS)
+            raise ValueError(f"rollout.context.summariser: unknown '{self.summariser}'; valid: {valid}")
+        if self.max_tokens < 0 or self.keep_last_turns < 0 or self.summary_max_tokens < 1:
+            raise ValueError("rollout.context: max_tokens and keep_last_turns must be >= 0 and summary_max_tokens "
+                             f">= 1, got {self.max_tokens}, {self.keep_last_turns} and {self.summary_max_tokens}")
 
 
 @dataclass
@@ -157,6 +202,7 @@ class RolloutConfig:
         timeout, connection error or 5xx (backoff 0.5 s, 1 s, 2 s …).
     vllm_start_timeout_s: how long a server ponder starts may take to come up.
     constrain: see ConstrainConfig (the `hf` backend only).
+    context: context compaction for episodes longer than the window (ContextConfig).
     """
 
     batch_size: int = 16
@@ -171,11 +217,28 @@ class RolloutConfig:
     vllm_retries: int = 2
     vllm_start_timeout_s: float = 600.0
     constrain: ConstrainConfig = field(default_factory=ConstrainConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
 
     def __post_init__(self) -> None:
         if self.vllm_weight_sync not in WEIGHT_SYNCS:
             valid = ", ".join(WEIGHT_SYNCS)
             raise ValueError(f"rollout.vllm_weight_sync: unknown '{self.vllm_weight_sync}'; valid: {valid}")
+        window, sampling = self.context.max_tokens, self.sampling
+        if window and not sampling.max_new_tokens_per_turn < window <= sampling.max_total_tokens:
+            raise ValueError(f"rollout.context.max_tokens ({window}) must exceed rollout.sampling."
+                             f"max_new_tokens_per_turn ({sampling.max_new_tokens_per_turn}) and stay within "
+                             f"max_total_tokens ({sampling.max_total_tokens}), which caps the whole episode")
+        if window and self.context.summariser == "policy" and self.constrain.kind != "none":
+            raise ValueError("rollout.context.summariser policy: a summary is free text, which the trainer's "
+                             f"replay of rollout.constrain ({self.constrain.kind}) would mask as an action; "
+                             "use rule or drop")
+
+    def uncapped(self) -> RolloutConfig:
+        """The same rollout with no cap on an action or an episode and no compaction: a
+        scripted replay (demonstrations, the oracle) runs whole; the caps bound what the
+        policy may generate, not what it should learn from."""
+        sampling = replace(self.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
+        return replace(self, sampling=sampling, context=replace(self.context, max_tokens=0))
 
 
 @dataclass

@@ -90,8 +90,7 @@ def _evaluate_on(
         )  # fmt: skip
     rollout = recipe.rollout
     if oracle:  # the ceiling is the solver's, not cut by the policy's sampling caps (as SFT replays it)
-        rollout = replace(rollout, sampling=replace(rollout.sampling, max_new_tokens_per_turn=1 << 16,
-                                                    max_total_tokens=1 << 20))  # fmt: skip
+        rollout = rollout.uncapped()
     engine = build_engine(backend, factory, rollout)
     if on_ready is not None:
         on_ready(len(tasks) * recipe.rollout.group_size)

@@ -121,8 +121,7 @@ def replay(policy: Policy, episodes: list[Trajectory], tasks_by_id: dict[str, Ta
         return []
     scripts = {t.task_id: [turn.action for turn in t.turns] for t in episodes}
     tasks = [tasks_by_id[task_id] for task_id in scripts]
-    sampling = replace(recipe.rollout.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
-    rollout = replace(recipe.rollout, group_size=1, batch_size=max(1, len(tasks)), sampling=sampling)
+    rollout = replace(recipe.rollout.uncapped(), group_size=1, batch_size=max(1, len(tasks)))
     trajectories, _ = RolloutEngine(ScriptedBackend(policy.tokenizer, scripts), factory, rollout).run(tasks)
     return trajectories
 

@@ -7,6 +7,9 @@ queued ones take their place, so the batch stays full.
 
 Token bookkeeping is exact: an episode's context is prompt_ids + response_ids as
 token ids, never re-tokenised text, so the trainer scores exactly what was sampled.
+With rollout.context (compaction) an episode that would outgrow the window starts its
+context again (rollout/compaction.py) and records where (Trajectory.segments); its
+response stays one stream.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ponder.envs.base import Env, close_env, opening_of
 from ponder.models.chat import encode_chat
 from ponder.plugins import import_object
 from ponder.rollout.backend import Generation, GenerationBackend, GenerationRequest
+from ponder.rollout.compaction import restart_context, without_eos
 from ponder.rollout.constrain import action_constraint
 from ponder.types import Task, Trajectory, Turn
 
@@ -41,12 +45,23 @@ class RolloutStats:
 
 
 @dataclass
+class _Pending:
+    """A compaction waiting for the policy's summary (written in the next round): the
+    turn it happens in and the observation to show after it."""
+
+    turn: Turn
+    observation_ids: list[int]
+
+
+@dataclass
 class _Episode:
     key: str
     task: Task
     env: Env
     trajectory: Trajectory
     context: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the opening's, which a compaction renders again
+    pending: _Pending | None = None
 
 
 class RolloutEngine:
@@ -57,6 +72,11 @@ class RolloutEngine:
         self.tokenizer = backend.tokenizer
         self.env_factory = env_factory
         self.config = config
+        self._instruction: list[int] = []  # the policy summariser's, and the ends of a summary
+        self._eos: set[int] = set()
+        if config.context.max_tokens:
+            self._instruction = self.tokenizer.encode(config.context.instruction, add_special_tokens=False)
+            self._eos = set(getattr(backend, "eos_ids", None) or {self.tokenizer.eos_token_id})
 
     def run(
         self, tasks: list[Task], on_episode_done: Callable[[Trajectory], None] | None = None
@@ -111,21 +131,27 @@ class RolloutEngine:
         prompt_ids = encode_chat(self.tokenizer, opening.messages)
         trajectory = Trajectory(task_id=task.id, prompt_ids=prompt_ids, group_id=task.id)
         trajectory.constraint = action_constraint(self.config.constrain, opening.tools)
-        return _Episode(f"{task.id}#{sample}", task, env, trajectory, list(prompt_ids))
+        window, action = self.config.context.max_tokens, self.config.sampling.max_new_tokens_per_turn
+        if window:
+            if len(prompt_ids) + action > window:
+                close_env(env)
+                raise ValueError(f"rollout.context.max_tokens ({window}) holds not even task {task.id}'s opening "
+                                 f"prompt ({len(prompt_ids)} tokens) and one action ({action})")  # fmt: skip
+            trajectory.metrics.update({"context/compactions": 0.0, "context/empty_summaries": 0.0})
+        return _Episode(f"{task.id}#{sample}", task, env, trajectory, list(prompt_ids), list(opening.messages))
 
     def _round(self, active: list[_Episode], stats: RolloutStats) -> list[tuple[_Episode, bool]]:
         """One action for every active episode; returns each with whether it ended."""
-        sampling = self.config.sampling
         results: list[tuple[_Episode, bool]] = []
         runnable = []
         for episode in active:
-            budget = min(sampling.max_new_tokens_per_turn, sampling.max_total_tokens - len(episode.context))
+            budget = self._budget(episode)
             if budget <= 0:
                 episode.trajectory.stop_reason = "max_tokens"
                 results.append((episode, True))
             else:
-                request = GenerationRequest(episode.key, episode.context, budget, episode.trajectory.constraint)
-                runnable.append((episode, request))
+                constraint = None if episode.pending else episode.trajectory.constraint  # a summary is free text
+                runnable.append((episode, GenerationRequest(episode.key, episode.context, budget, constraint)))
         if not runnable:
             return results
         stop_strings = runnable[0][0].env.stop_strings
@@ -139,8 +165,17 @@ class RolloutEngine:
         stats.env_s += time.perf_counter() - tick
         return results
 
+    def _budget(self, episode: _Episode) -> int:
+        """Tokens the episode's next generation may take: an action's, or a summary's."""
+        sampling, context = self.config.sampling, self.config.context
+        cap = context.summary_max_tokens if episode.pending else sampling.max_new_tokens_per_turn
+        budget = min(cap, sampling.max_total_tokens - _episode_tokens(episode))
+        return min(budget, context.max_tokens - len(episode.context)) if context.max_tokens else budget
+
     def _apply(self, episode: _Episode, generation: Generation) -> bool:
         """Append the action and the environment's answer; True when the episode ended."""
+        if episode.pending is not None:
+            return self._summarised(episode, generation)
         trajectory = episode.trajectory
         _extend(episode, generation.token_ids, generation.logprobs, policy_generated=True)
         index = len(trajectory.turns)
@@ -161,12 +196,60 @@ class RolloutEngine:
             trajectory.stop_reason = info.get("stop_reason", "done")
             return True
         observation_ids = self.tokenizer.encode(observation or "", add_special_tokens=False)
-        if len(episode.context) + len(observation_ids) >= self.config.sampling.max_total_tokens:
-            turn.observation = None  # no room to show it, nor to act on it
-            trajectory.stop_reason = "max_tokens"
-            return True
-        _extend(episode, observation_ids, [0.0] * len(observation_ids), policy_generated=False)
-        turn.n_observation_tokens = len(observation_ids)
+        if _episode_tokens(episode) + len(observation_ids) >= self.config.sampling.max_total_tokens:
+            return _cut(episode, turn)
+        if self._outgrows_window(episode, observation_ids):
+            return self._compact(episode, turn, observation_ids)
+        _show(episode, turn, observation_ids)
+        return False
+
+    def _outgrows_window(self, episode: _Episode, observation_ids: list[int]) -> bool:
+        """Whether the observation and one more action would not fit the window (nor, for
+        the policy summariser, its instruction and a whole summary)."""
+        context = self.config.context
+        if not context.max_tokens:
+            return False
+        need = len(observation_ids) + self.config.sampling.max_new_tokens_per_turn
+        if context.summariser == "policy":
+            need = max(need, len(self._instruction) + context.summary_max_tokens)
+        return len(episode.context) + need > context.max_tokens
+
+    def _compact(self, episode: _Episode, turn: Turn, observation_ids: list[int]) -> bool:
+        """Start the context again, or for the policy summariser first ask it for the
+        summary (its instruction appended now, loss 0; it writes in the next round, and
+        a window without room even for that takes the rule's). True: the episode ended."""
+        if self.config.context.summariser == "policy":
+            if len(episode.context) + len(self._instruction) < self.config.context.max_tokens:
+                _extend(episode, self._instruction, [0.0] * len(self._instruction), policy_generated=False)
+                turn.n_summary_tokens += len(self._instruction)
+                episode.pending = _Pending(turn, observation_ids)
+                return False
+        return self._restart(episode, turn, observation_ids, None)
+
+    def _summarised(self, episode: _Episode, generation: Generation) -> bool:
+        """The policy's summary: trained as an action under the old context, carried
+        verbatim into the new one; an empty one is counted and the rule's taken."""
+        pending, episode.pending = episode.pending, None
+        assert pending is not None
+        _extend(episode, generation.token_ids, generation.logprobs, policy_generated=True)
+        pending.turn.n_summary_tokens += len(generation.token_ids)
+        summary: list[int] | None = without_eos(generation.token_ids, self._eos)
+        if not self.tokenizer.decode(summary, skip_special_tokens=True).strip():
+            episode.trajectory.metrics["context/empty_summaries"] += 1.0
+            summary = None
+        return self._restart(episode, pending.turn, pending.observation_ids, summary)
+
+    def _restart(self, episode: _Episode, turn: Turn, observation_ids: list[int], summary: list[int] | None) -> bool:
+        """The new context (a segment starting at the observation), then the observation."""
+        trajectory, context = episode.trajectory, self.config.context
+        room = context.max_tokens - len(observation_ids) - self.config.sampling.max_new_tokens_per_turn
+        fresh = restart_context(self.tokenizer, episode.messages, trajectory, context, room, summary)
+        if fresh is None or _episode_tokens(episode) + len(observation_ids) >= self.config.sampling.max_total_tokens:
+            return _cut(episode, turn)
+        trajectory.segments.append((len(trajectory.response_ids), list(fresh)))
+        trajectory.metrics["context/compactions"] += 1.0
+        episode.context = fresh
+        _show(episode, turn, observation_ids)
         return False
 
 
@@ -178,6 +261,22 @@ def build_engine(backend: GenerationBackend, env_factory: Callable[[], Env], con
     if driver is None:
         return RolloutEngine(backend, env_factory, config)
     return import_object(driver, "environment driver")(backend, env_factory, config)
+
+
+def _episode_tokens(episode: _Episode) -> int:
+    """The episode's tokens so far, every segment's (its context's when it never compacted)."""
+    return len(episode.trajectory.prompt_ids) + len(episode.trajectory.response_ids)
+
+
+def _cut(episode: _Episode, turn: Turn) -> bool:
+    turn.observation = None  # no room to show it, nor to act on it
+    episode.trajectory.stop_reason = "max_tokens"
+    return True
+
+
+def _show(episode: _Episode, turn: Turn, observation_ids: list[int]) -> None:
+    _extend(episode, observation_ids, [0.0] * len(observation_ids), policy_generated=False)
+    turn.n_observation_tokens = len(observation_ids)
 
 
 def _extend(episode: _Episode, token_ids: list[int], logprobs: list[float], policy_generated: bool) -> None:

@@ -137,6 +137,6 @@ def _turn_index(trajectory: Trajectory) -> list[int]:
     """Turn number of every response token (action and observation tokens alike)."""
     index: list[int] = []
     for turn in trajectory.turns:
-        index += [turn.index] * (turn.n_action_tokens + turn.n_observation_tokens)
+        index += [turn.index] * turn.n_tokens
     missing = len(trajectory.response_ids) - len(index)
     return index + [max(len(trajectory.turns) - 1, 0)] * missing if missing > 0 else index[: len(trajectory.response_ids)]

@@ -53,6 +53,7 @@ from ponder.rollout.constrain import constraint_masks
 from ponder.runlog.metrics_log import MetricsLog
 from ponder.runlog.tracking import check_trackers
 from ponder.train.batch import TokenBatch, collate
+from ponder.train.segment_batch import SegmentBatch, collate_segments
 from ponder.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -275,12 +276,16 @@ class RLTrainer:
             # The update below changes the weights: drop the sampling copy now rather than
             # after it, so the update's activations do not sit on top of it (peak RSS).
             self.backend.refresh()
-        batch = collate(trajectories, self.policy.tokenizer.pad_token_id)
+        episodes = collate(trajectories, self.policy.tokenizer.pad_token_id)
+        # rollout.context: a compacted episode is one row per segment, each scored under its own context
+        segments = (collate_segments(trajectories, self.policy.tokenizer.pad_token_id, episodes)
+                    if any(t.segments for t in trajectories) else None)  # fmt: skip
+        batch = segments.rows if segments is not None else episodes
         tick = time.perf_counter()
         sampled.update(self._no_grad_passes(batch))
         logprob_s = time.perf_counter() - tick
         sampled.update(self._teacher_pass(batch, tasks))
-        advantages, returns = self._advantages(batch)
+        advantages, returns = self._advantages(episodes, segments)
         # For the trackers (histogram, sampled episodes): the advantages of trained tokens.
         self._last_step = (advantages[batch.loss_mask > 0].detach().cpu().numpy(), tasks, trajectories)
         lr = self.scheduler.get_last_lr()[0]  # the LR this step trains with
@@ -350,9 +355,10 @@ class RLTrainer:
         return {"distill/reverse_kl": gap.mean().item() if gap.numel() else 0.0,
                 "time/teacher_s": time.perf_counter() - tick}  # fmt: skip
 
-    def _advantages(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _advantages(self, batch: TokenBatch, segments: SegmentBatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's advantages and returns by algo.advantage (a KL penalty in the
-        reward first, with algo.kl_in_reward)."""
+        reward first, with algo.kl_in_reward), on the episode rows `batch`; with
+        `segments` (compacted episodes) moved onto the segment rows the model passes ran on."""
         algo = self.recipe.algo
         token_rewards = None
         if algo.kl_in_reward and batch.ref_logprobs is not None:
@@ -367,6 +373,8 @@ class RLTrainer:
             algo.whiten_gae,
         )  # fmt: skip
         advantages, returns = compute_advantages(algo.advantage, advantage_input, advantage_config, self.advantage_state)
+        if segments is not None:
+            advantages, returns, batch = segments.spread(advantages), segments.spread(returns), segments.rows
         if batch.teacher_logprobs is not None and self.recipe.teacher.loss == "opd":  # beside the reward's advantages
             advantages = advantages + algo.distill_coef * opd_advantage(batch.old_logprobs, batch.teacher_logprobs,
                                                                         batch.loss_mask)  # fmt: skip
@@ -601,8 +609,10 @@ def _starting_weights(model: Any) -> dict[str, torch.Tensor] | None:
 def check_recipe(recipe: Recipe) -> None:
     """Raise ValueError (listing valid names) for an unknown estimator, loss, aggregation,
     KL, std scope, tracker, SFT behaviour or matmul precision, for wandb named but not installed, for an SFT
-    oracle_fraction outside [0, 1], a negative algo.sft_coef or sft_rows below 1, and
-    for micro-batch sizes below 1 (update) or 0 (no-grad passes)."""
+    oracle_fraction outside [0, 1], a negative algo.sft_coef or sft_rows below 1, for
+    micro-batch sizes below 1 (update) or 0 (no-grad passes), and for rollout.context
+    with what needs a forward over whole episodes (value-head advantages, kl_in_reward)
+    or weighs rows (an aggregation other than token_mean)."""
     if recipe.sft.behaviour not in BEHAVIOURS:
         raise ValueError(f"sft.behaviour: unknown '{recipe.sft.behaviour}'; valid: {', '.join(BEHAVIOURS)}")
     if not 0.0 <= recipe.sft.oracle_fraction <= 1.0:
@@ -635,11 +645,28 @@ def check_recipe(recipe: Recipe) -> None:
     if recipe.algo.sft_coef < 0 or recipe.algo.sft_rows < 1:
         raise ValueError(f"algo.sft_coef must be >= 0 and algo.sft_rows >= 1, got {recipe.algo.sft_coef} and "
                          f"{recipe.algo.sft_rows}")  # fmt: skip
+    _check_compaction(recipe)
     if recipe.algo.micro_batch_size < 1 or recipe.algo.logprob_micro_batch_size < 0:
         raise ValueError(
             f"algo.micro_batch_size must be >= 1 and algo.logprob_micro_batch_size >= 0 (0: same as micro_batch_size), "
             f"got {recipe.algo.micro_batch_size} and {recipe.algo.logprob_micro_batch_size}"
         )
+
+
+def _check_compaction(recipe: Recipe) -> None:
+    """rollout.context trains segment rows (train/segment_batch.py); what needs the model
+    run over a whole episode's stream is refused."""
+    algo = recipe.algo
+    if not recipe.rollout.context.max_tokens:
+        return
+    if ADVANTAGES.trait(algo.advantage, "needs_values") or algo.kl_in_reward:
+        what = "algo.kl_in_reward" if algo.kl_in_reward else f"algo.advantage {algo.advantage} (a value head)"
+        raise ValueError(f"rollout.context: {what} needs a forward over whole episodes, which compacted ones do not "
+                         "have; use a critic-free estimator (grpo, rloo, reinforce …) and the KL in the loss, "
+                         "or rollout.context.max_tokens=0")  # fmt: skip
+    if algo.aggregation != "token_mean":  # a compacted episode is one row per segment
+        raise ValueError(f"rollout.context: algo.aggregation {algo.aggregation} weighs rows, and a compacted episode "
+                         "is one row per segment; use token_mean")  # fmt: skip
 
 
 def _stop_now(signum: int, grace: float) -> None:

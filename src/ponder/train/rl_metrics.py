@@ -25,7 +25,8 @@ def env_counts(trajectories: list[Trajectory]) -> list[str]:
 
 def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None = None) -> dict[str, float]:
     """reward/* (mean, std, each breakdown component), episode/* counts (the engine's and
-    the environment's own, missing = 0), collapse/*, and with `kinds` (task id → task
+    the environment's own, missing = 0), context/* (compactions and empty policy
+    summaries per episode, with rollout.context), collapse/*, and with `kinds` (task id → task
     kind) kind/<kind>/reward and kind/<kind>/<the environment's counts> per kind.
 
     collapse/tied_groups: share of groups whose rewards all tie (they carry no
@@ -43,6 +44,8 @@ def episode_metrics(trajectories: list[Trajectory], kinds: dict[str, str] | None
     own = env_counts(trajectories)
     for name in (*own, *ENGINE_COUNTS):
         metrics[f"episode/{name}"] = mean([t.metrics.get(name, 0.0) for t in trajectories])
+    for name in sorted({k for t in trajectories for k in t.metrics if k.startswith("context/")}):
+        metrics[name] = mean([t.metrics.get(name, 0.0) for t in trajectories])  # rollout.context, per episode
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in trajectories:
         groups[trajectory.group_id].append(trajectory)

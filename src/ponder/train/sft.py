@@ -86,8 +86,7 @@ def build_demonstrations(
     factory = env_factory
     # Demonstrations are replayed whole: the sampling caps bound what the policy may
     # generate, not what it should learn; a cut action would teach a broken protocol.
-    sampling = replace(recipe.rollout.sampling, max_new_tokens_per_turn=1 << 16, max_total_tokens=1 << 20)
-    rollout = replace(recipe.rollout, group_size=1, batch_size=max(1, len(tasks)), sampling=sampling)
+    rollout = replace(recipe.rollout.uncapped(), group_size=1, batch_size=max(1, len(tasks)))
     trajectories, _ = build_engine(ScriptedBackend(policy.tokenizer, scripts), factory, rollout).run(tasks)
     return [t for t in trajectories if _completed(t)]
 

@@ -200,7 +200,7 @@ def _turn_spans(trajectory: Trajectory) -> list[tuple[int, int] | None]:
     record text without token ids)."""
     spans, position = [], 0
     for turn in trajectory.turns:
-        stop = position + turn.n_action_tokens + turn.n_observation_tokens
+        stop = position + turn.n_tokens
         spans.append((position, stop))
         position = stop
     if position != len(trajectory.response_ids) or not trajectory.response_ids:
