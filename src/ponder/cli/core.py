@@ -61,6 +61,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table = _console()
     title = f"{recipe.model.name} on {len(result.tasks)} held-out tasks"
     table.print(metrics_table(result.metrics, title=title, width=table.width))  # transposed when too wide
+    _print_trajectory_table(table, result.metrics)
     console.print(f"wrote {out / 'trajectories.parquet'} and {out / 'metrics.json'}")
     return 0
 
@@ -79,10 +80,19 @@ def _eval_repeats(args: argparse.Namespace, recipe: Any, out: Path, console: Any
     table = _console()
     title = f"{recipe.model.name} on {len(results[0].tasks)} held-out tasks, seed {recipe.rollout.seed}"
     table.print(metrics_table(results[0].metrics, title=title, width=table.width))
+    _print_trajectory_table(table, results[0].metrics)
     table.print(repeats_table(spread, f"reward over {args.repeats} sampling seeds"))
     table.print(spread_reading(spread, recipe.eval.temperature == 0), highlight=False)
     console.print(f"wrote {out / 'repeats.json'}, the first seed's files in {out} and the others in {out / 'repeats'}")
     return 0
+
+
+def _print_trajectory_table(table: Any, metrics: dict[str, Any], title: str = "outcome vs trajectory") -> None:
+    from ponder.eval import trajectory_table
+
+    rendered = trajectory_table(metrics, title)
+    if rendered is not None:
+        table.print(rendered)
 
 
 def cmd_serve_retriever(args: argparse.Namespace) -> int:
@@ -175,9 +185,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ponder.eval.report_html import write_report
+    from rich.console import Console
 
-    print(write_report(args.run_dir, args.out, args.compare, tokens=not args.text))
+    from ponder.eval.report_html import write_report
+    from ponder.eval.report_html.data import stage_metrics
+
+    written = write_report(args.run_dir, args.out, args.compare, tokens=not args.text)
+    tables = Console(stderr=True, width=None if sys.stderr.isatty() else 80)  # stdout: the page's path only
+    for stage, metrics in stage_metrics(args.run_dir).items():
+        _print_trajectory_table(tables, metrics, f"{stage}: outcome vs trajectory")
+    print(written)
     return 0
 
 
@@ -187,7 +204,8 @@ def _add_report_command(commands: Any) -> None:
         description="Write one HTML file (no network needed to open it) for a run directory of `ponder demo`, "
         "`train`, `eval` or `pipeline`: the evaluation table per stage, learning curves from its "
         "metrics.jsonl files, and an episode browser that shows each turn's trained and masked tokens, "
-        "per-turn rewards and the reward breakdown. --compare puts a second run beside it.",
+        "per-turn rewards, the step checks' problems and the reward breakdown. --compare puts a second run "
+        "beside it. Each stage's outcome-vs-trajectory table goes to stderr, the page's path to stdout.",
     )  # fmt: skip
     report.add_argument("run_dir", metavar="RUN_DIR", help="a ponder run directory")
     report.add_argument("--compare", metavar="OTHER_RUN_DIR", help="a second run: side-by-side tables, overlaid curves")

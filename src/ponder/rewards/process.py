@@ -79,15 +79,20 @@ def process_score(steps: TurnSteps, false_penalty: float = FALSE_STEP_PENALTY) -
     return (steps.true + steps.used - false_penalty * steps.false) / claims
 
 
-def process_rewards(turns: Sequence[Turn], false_penalty: float = FALSE_STEP_PENALTY) -> list[float]:
-    """One process score per turn, in order; a turn may use the calculator results of
-    the turns before it (never its own: it wrote the call before it saw the result)."""
+def episode_steps(turns: Sequence[Turn]) -> list[TurnSteps]:
+    """What each turn claims, in order; a turn may use the calculator results of the
+    turns before it (never its own: it wrote the call before it saw the result)."""
     earlier: set[Fraction] = set()
-    scores = []
+    steps = []
     for turn in turns:
-        scores.append(process_score(turn_steps(turn.action, earlier), false_penalty))
+        steps.append(turn_steps(turn.action, earlier))
         earlier |= calculator_values(turn)
-    return scores
+    return steps
+
+
+def process_rewards(turns: Sequence[Turn], false_penalty: float = FALSE_STEP_PENALTY) -> list[float]:
+    """One process score per turn, in order (episode_steps, scored by process_score)."""
+    return [process_score(steps, false_penalty) for steps in episode_steps(turns)]
 
 
 def process(trajectory: Trajectory, task: Task) -> float:

@@ -68,7 +68,8 @@ SCRIPT = r"""
   function fillEpisodes() {
     episodeSelect.textContent = "";
     const episodes = run().episodes[stageSelect.value] || [];
-    episodes.forEach((episode, i) => option(episodeSelect, i, episode.task_id + " · " + num(episode.reward, 2)));
+    episodes.forEach((episode, i) => option(episodeSelect, i, episode.task_id + " · " + num(episode.reward, 2) +
+      (episode.step_score === undefined ? "" : " · steps " + num(episode.step_score, 2))));
     const tokens = run().tokens === "token";
     document.getElementById("token-note").textContent = tokens
       ? "Pieces are the run's tokens, decoded one by one with its tokenizer."
@@ -81,7 +82,11 @@ SCRIPT = r"""
     box.dataset.turn = turn.index;
     let head = "turn " + turn.index;
     if (turn.reward !== null) head += " · reward " + num(turn.reward, 3);
+    if (turn.problems !== undefined) head += turn.problems.length ? " · bad step" : " · good step";
     box.appendChild(el("div", head, "turn-head"));
+    if (turn.problems && turn.problems.length) {
+      box.appendChild(el("div", "step problems: " + turn.problems.join(", "), "error problems"));
+    }
     for (const call of turn.tool_calls) box.appendChild(el("div", "tool call: " + call.name + " " + call.arguments, "call"));
     for (const result of turn.tool_results) {
       if (result.is_error) box.appendChild(el("div", "tool error from " + result.name, "error"));
@@ -104,6 +109,11 @@ SCRIPT = r"""
     view.appendChild(el("h3", episode.task_id));
     view.appendChild(el("p", "reward " + num(episode.reward, 3) + " · stop: " + (episode.stop_reason || "-") +
       " · trained tokens " + episode.trained_tokens + " · masked tokens " + episode.masked_tokens, "headline"));
+    if (episode.step_score !== undefined) {
+      view.appendChild(el("p", "step score " + num(episode.step_score, 3) + " · first bad step " +
+        (episode.first_bad === null ? "none" : episode.first_bad) +
+        " (answer guessing, which needs the task's gold answer, is not judged here)", "steps"));
+    }
     view.appendChild(el("h4", "reward breakdown"));
     view.appendChild(keyValues("breakdown", episode.breakdown));
     if (episode.prompt !== null) {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ponder.eval.trajectory_score import aggregate_steps, judge_steps
 from ponder.types import Trajectory, load_trajectories
 
 METRICS_FILE = "metrics.jsonl"  # ponder.runlog.metrics_log writes it (eval/ does not import train/)
@@ -77,6 +78,11 @@ def _evaluations(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]
     if single.is_file():
         return {"eval": json.loads(single.read_text(encoding="utf-8"))}, {}
     return {}, {}
+
+
+def stage_metrics(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """stage name -> its evaluation metrics (results.json's stages, or an eval's metrics.json)."""
+    return _evaluations(Path(run_dir))[0]
 
 
 def _ordered(stages: dict[str, Any]) -> dict[str, Any]:
@@ -166,10 +172,14 @@ def _tokenizer(model: str) -> Any:
 
 def episode_record(trajectory: Trajectory, decode: Callable[[int], str] | None = None) -> dict[str, Any]:
     """An episode for the browser: reward, breakdown, metrics, and its turns, each as
-    pieces with their loss-mask bit ("1": trained on, "0": observation / masked)."""
+    pieces with their loss-mask bit ("1": trained on, "0": observation / masked), and
+    the step checks' problems (`check/problem`; ponder.eval.trajectory_score, without
+    the task: answer guessing, which needs the gold answer, is left out)."""
     spans = _turn_spans(trajectory)
+    steps = judge_steps(trajectory)
+    score = aggregate_steps(steps)
     turns = []
-    for turn, span in zip(trajectory.turns, spans):
+    for turn, span, step in zip(trajectory.turns, spans, steps):
         if decode is not None and span is not None:
             start, stop = span
             pieces = [decode(token) for token in trajectory.response_ids[start:stop]]
@@ -183,11 +193,13 @@ def episode_record(trajectory: Trajectory, decode: Callable[[int], str] | None =
             "tool_calls": [{"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}
                            for c in turn.tool_calls],
             "tool_results": [{"name": r.name, "is_error": r.is_error} for r in turn.tool_results],
+            "problems": [f"{name}/{problem}" for name, verdict in step.verdicts.items() for problem in verdict or ()],
         })  # fmt: skip
     return {
         "task_id": trajectory.task_id, "reward": _number(trajectory.reward),
         "breakdown": {k: _number(v) for k, v in trajectory.breakdown.items()},
         "metrics": {k: _number(v) for k, v in trajectory.metrics.items()},
+        "step_score": _number(score.step_score), "first_bad": score.first_bad,
         "stop_reason": trajectory.stop_reason, "answer": trajectory.final_answer,
         "trained_tokens": sum(trajectory.loss_mask), "masked_tokens": len(trajectory.loss_mask) - sum(trajectory.loss_mask),
         "prompt": _join(decode, trajectory.prompt_ids) if decode is not None else None, "turns": turns,

@@ -25,6 +25,16 @@ ROWS = (
     ("episodes", "episodes", "{:.0f}"),
 )
 LEGACY_COMPONENTS = ("em", "f1", "format")
+# (row label, metric path, format) after the reward: the trajectory beside the outcome
+# (ponder.eval.trajectory_score), shown when some stage has it.
+TRAJECTORY_ROWS = (
+    ("step score", "step_score", "{:.3f}"),
+    ("± se", "step_score_se", "{:.3f}"),
+    ("clean trajectories", "trajectory/clean", "{:.3f}"),
+    ("right, some step bad", "trajectory/outcome/right_flawed", "{:.0f}"),
+    ("wrong, every step good", "trajectory/outcome/wrong_clean", "{:.0f}"),
+    ("outcome-trajectory agreement", "trajectory/outcome/agreement", "{:.3f}"),
+)
 ADVANTAGE_KEYS = ("reward/std", "collapse/tied_groups", "collapse/distinct_ratio")
 
 
@@ -37,6 +47,7 @@ def render(runs: list[RunData], sections: list[tuple[str, list[dict[str, str]]]]
         parts.append("<h2>Evaluation</h2>")
         parts.append(stage_table(runs[0]) if len(runs) == 1 else compare_table(runs[0], runs[1]))
         parts += [_gain(run) for run in runs if "rl_gain" in run.extra]
+        parts.append(trajectory_section(runs))
     if sections:
         parts.append("<h2>Learning curves</h2>")
         if len(runs) > 1:
@@ -112,6 +123,8 @@ def _rows(*stage_sets: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any, s
         ("reward", "reward", lambda m: m.get("reward"), "{:.3f}"),
         ("± se", "reward_se", lambda m: m.get("reward_se"), "{:.3f}"),
     ]
+    rows += [(label, key, lambda m, k=key: _path(m, k), fmt) for label, key, fmt in TRAJECTORY_ROWS
+             if any(_path(row, key) is not None for row in stages)]  # fmt: skip
     for name in sorted({c for row in stages for c in _components(row)}):
         rows.append((name, f"components/{name}", lambda m, n=name: _components(m).get(n), "{:.3f}"))
     rows += [(label, key, lambda m, k=key: m.get(k), fmt) for label, key, fmt in ROWS
@@ -121,6 +134,45 @@ def _rows(*stage_sets: dict[str, dict[str, Any]]) -> list[tuple[str, str, Any, s
         rows += [(f"reward · {kind}", f"by_kind/{kind}/reward",
                   lambda m, k=kind: m.get("by_kind", {}).get(k, {}).get("reward"), "{:.3f}") for kind in kinds]  # fmt: skip
     return rows
+
+
+def _path(row: dict[str, Any], key: str) -> Any:
+    """row["a"]["b"] for the key "a/b"; None where a level is missing."""
+    value: Any = row
+    for part in key.split("/"):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def trajectory_section(runs: list[RunData]) -> str:
+    """Per run, each stage's step checks: the share of steps passing each, and the
+    problems found (steps), rows `check` and `check/problem`, one column per stage."""
+    parts = []
+    for run in runs:
+        stages = {name: row["trajectory"] for name, row in run.stages.items()
+                  if isinstance(row.get("trajectory"), dict)}  # fmt: skip
+        if not stages:
+            continue
+        keys = sorted({key for summary in stages.values() for key in [*summary.get("checks", {}),
+                                                                        *summary.get("problems", {})]})  # fmt: skip
+        head = "<tr><th></th>" + "".join(f"<th>{_e(LABELS.get(s, s))}</th>" for s in stages) + "</tr>"
+        rows = []
+        for key in keys:
+            label, fmt = (f"{key}: steps passed", "{:.3f}") if "/" not in key else (f"  {key}", "{:.0f}")
+            cells = "".join(f'<td data-stage="{_e(s)}" data-metric="trajectory/{_e(key)}">'
+                            f'{_fmt(summary.get("checks" if "/" not in key else "problems", {}).get(key, 0), fmt)}</td>'
+                            for s, summary in stages.items())  # fmt: skip
+            rows.append(f"<tr><th>{_e(label)}</th>{cells}</tr>")
+        caption = f"<h3>{_e(run.name)}</h3>" if len(runs) > 1 else ""
+        parts.append(f'{caption}<table class="numbers trajectory" data-run="{_e(run.name)}"><thead>{head}</thead>'
+                     f'<tbody>{"".join(rows)}</tbody></table>')  # fmt: skip
+    if not parts:
+        return ""
+    return ("<h2>Trajectory scoring</h2><p class=note>Each turn is judged by the step checks (process: no false "
+            "shown arithmetic; tool use: the tool exists, its arguments validate, no error, no identical repeat; "
+            "policy: no protocol error, empty tag, loop, call needing approval, refusal, guessed or hedged answer, "
+            "truncation). Steps passed: the share of the steps a check applies to that pass it; below each, the "
+            "steps with each problem.</p>" + "".join(parts))
 
 
 def _components(row: dict[str, Any]) -> dict[str, Any]:
