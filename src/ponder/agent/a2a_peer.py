@@ -430,6 +430,7 @@ class RemoteAgent:
             answer = untrusted_reply(self.spec.name, reply.text, self.detector)
             state.messages.append({"role": "assistant", "content": answer})
             state.status, state.stop_reason, state.answer = ANSWERED, "answer", answer
+            state.memory["reply_marked"] = True  # escaped under its header already (a team's boundary knows)
         elif self.fallback is not None and left > 0:
             return self._fall_back(task, state, reply, started, left)
         else:

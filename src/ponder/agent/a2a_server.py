@@ -268,12 +268,15 @@ def a2a_app(agent: Agent, url: str, options: A2AServeOptions | None = None) -> A
 
 
 def bind(host: str, port: int) -> tuple[socket.socket, str]:
-    """A socket bound to host:port (0: a free port) and the URL the card will name."""
+    """A socket bound to host:port (0: a free port) and listening, so a client that
+    reads the printed URL before uvicorn starts is queued, not refused; and the URL the
+    card will name."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)
     except OSError as err:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None

@@ -51,8 +51,9 @@ class Agent:
 
     `on_event(kind, payload)` sees the run as it happens: "text" (streamed model text),
     "action", "tool_result", "observation", "correction", "answer", "done".
-    `guard` (ponder.tools.safety.Guard) checks every tool call and output of a run; its
-    per-run record lives in `state.memory["guard"]`.
+    `guard` (ponder.tools.safety.Guard) checks every tool call and output of a run, and
+    (with a conversation layer) every user turn before it runs; its per-run record lives
+    in `state.memory["guard"]`.
     """
 
     def __init__(
@@ -90,6 +91,8 @@ class Agent:
         schema_error = config.schema_error()
         if schema_error is not None:
             self._finish(state, ERROR, "invalid_schema", schema_error)
+        else:
+            self._check_turn(state, task)
         return state
 
     def run(self, task: str | AgentState, max_steps: int | None = None, key: str | None = None) -> AgentState:
@@ -109,7 +112,18 @@ class Agent:
         state.phase, state.status, state.stop_reason, state.error, state.answer = "generating", "running", "", None, None
         state.counters.turns = state.counters.corrections = state.counters.generated_tokens = 0
         state.elapsed_s = 0.0
+        self._check_turn(state, message)
         return state
+
+    def _check_turn(self, state: AgentState, message: str) -> None:
+        """The guard's conversation layer: a turn it refuses ends this request with the
+        refusal as the answer (stopped, stop reason `refused`) before the model sees it."""
+        if self.guard is None or self.guard.conversation is None:
+            return
+        refusal = self.guard.check_turn(message, state.memory.setdefault("guard", {}))
+        if refusal is not None:
+            state.messages.append({"role": "assistant", "content": refusal})
+            self._finish(state, STOPPED, "refused", None, refusal)
 
     def step(self, state: AgentState) -> AgentState:
         """One transition of the state machine; never raises for model or tool failures."""

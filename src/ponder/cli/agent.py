@@ -49,8 +49,9 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-risky", action="store_true",
                         help="run the tools an injection could abuse (python, --a2a agents) without asking; "
                              "by default each call needs approval (chat asks y/N, run-agent and a2a-serve refuse)")
-    parser.add_argument("--safety", help="YAML/JSON safety policy: allow, sensitive, trusted, argument rules "
-                                         "(see ponder.tools.safety.policy)")
+    parser.add_argument("--safety", help="YAML/JSON safety policy: allow, sensitive, trusted, argument rules, "
+                                         "forbid (intents refused across the conversation; see "
+                                         "ponder.tools.safety.policy)")  # fmt: skip
     parser.add_argument("--config", help="YAML file of AgentConfig fields (see ponder.agent.config)")
     parser.add_argument("--schema", help="JSON Schema file the final answer must match")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
@@ -106,6 +107,7 @@ def _guard(args: argparse.Namespace, tool_names: list[str], confirm: Callable[[A
     --allow-risky, RISKY_TOOLS and the --a2a agents); flagged output is marked, not cut
     (a person reads along); the monitor and the information-flow rule on."""
     from ponder.tools.safety import (
+        ConversationGuard,
         Guard,
         GuardOptions,
         InjectionDetector,
@@ -123,7 +125,8 @@ def _guard(args: argparse.Namespace, tool_names: list[str], confirm: Callable[[A
         policy.tools.setdefault(name, ToolRule()).sensitive = True
     detector = InjectionDetector(tool_names=tool_names)
     monitor = TrajectoryMonitor(policy.is_sensitive, detector)
-    return Guard(policy, detector, confirm, monitor, GuardOptions(detector_action="flag"))
+    conversation = ConversationGuard(policy.forbid) if policy.forbid else None  # the policy's `forbid` intents
+    return Guard(policy, detector, confirm, monitor, GuardOptions(detector_action="flag"), conversation=conversation)
 
 
 def _read_json(path: str) -> Any:

@@ -272,7 +272,7 @@ class EnvConfig:
     mcp_servers: MCP servers whose tools the environment gets in place of its own
         tools of the same name (math's `calculator`, search-QA's `search`), each
         `{name, command: [words]}` (stdio) or `{name, url}` (streamable HTTP), plus
-        optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd` (see
+        optional `tools`, `timeout_s`, `connect_timeout_s`, `env`, `cwd`, `screen` (see
         ponder.tools.mcp.client.McpServerSpec; docs/guide/tools.md, "MCP").
     max_turns: model actions per episode before it is stopped (the default of an
         environment that has no max_turns option of its own; a mixture's parts may

@@ -62,17 +62,18 @@ class Episode:
     answer: Any = None
     refused: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)  # every call the policy made, as name(arguments)
+    notes: list[str] = field(default_factory=list)  # what a layer said outside the calls (a quarantine, a refusal)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def simulated_user(task: UserTask) -> Callable[[ToolCall], bool]:
-    """Approves a call when every identifier in it appears in the user's request."""
+def simulated_user(request: str) -> Callable[[ToolCall], bool]:
+    """Approves a call when every identifier in it appears in the user's `request`."""
 
     def confirm(call: ToolCall) -> bool:
         values = [str(v).strip() for v in call.arguments.values()]
-        return all(value in task.prompt for value in values if value and not any(c.isspace() for c in value))
+        return all(value in request for value in values if value and not any(c.isspace() for c in value))
 
     return confirm
 
@@ -100,7 +101,7 @@ def build_guard(world: World, task: UserTask, layers: set[str], tool_names: list
                            detector_action="redact" if "detector" in layers else "off",
                            monitor_blocks="monitor" in layers)  # fmt: skip
     monitor = TrajectoryMonitor(policy.is_sensitive, detector, task.tools) if "monitor" in layers else None
-    confirm = simulated_user(task) if layers & {"confirm", "infoflow"} else None
+    confirm = simulated_user(task.prompt) if layers & {"confirm", "infoflow"} else None
     return Guard(policy, detector if "detector" in layers else None, confirm, monitor, options)
 
 
@@ -224,14 +225,14 @@ def _percent(value: float | None, count: int | None) -> str:
     return f"{shown} ({round(value * count)}/{count})" if count else shown
 
 
-def write_report(out: str | os.PathLike[str], episodes: list[Episode], header: dict[str, Any]) -> list[Path]:
-    """episodes.jsonl (one line per episode), results.json (header and rows) and
-    results.md (the table) under `out`; returns the paths written."""
+def write_records(out: str | os.PathLike[str], records: list[dict[str, Any]], header: dict[str, Any],
+                  rows: list[dict[str, Any]], table: str) -> list[Path]:  # fmt: skip
+    """The other suites' report: episodes.jsonl (one record a line), results.json (header
+    and rows) and results.md (`table`) under `out`; returns the paths written."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    rows = summarize(episodes)
-    lines = "".join(json.dumps(e.to_dict(), ensure_ascii=False, default=str) + "\n" for e in episodes)
+    lines = "".join(json.dumps(record, ensure_ascii=False, default=str) + "\n" for record in records)
     write_text_atomic(folder / "episodes.jsonl", lines)
     write_json_atomic(folder / "results.json", {**header, "rows": rows}, sort_keys=False)
-    write_text_atomic(folder / "results.md", markdown_table(rows) + "\n")
+    write_text_atomic(folder / "results.md", table + "\n")
     return [folder / "episodes.jsonl", folder / "results.json", folder / "results.md"]

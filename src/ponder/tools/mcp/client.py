@@ -14,6 +14,12 @@ limit stops it like any thread-mode tool (and the pending request is cancelled).
 server that cannot be started or reached is a one-line `McpServerError` naming it at
 connect time; once running, its failures (an `isError` result, a protocol error, a
 lost connection, a timeout) are error results the episode sees, never a crash.
+
+What a server says about its tools is untrusted too (tool poisoning): the listed tools
+go through a `ToolScreen` (ponder.tools.safety.poisoning) before they become ponder
+tools, by the spec's `screen` (default `quarantine`: a tool whose definition reads as
+instructions, or whose name imitates an earlier tool's, is left out with a one-line
+warning naming the server and the tool).
 """
 
 from __future__ import annotations
@@ -33,11 +39,12 @@ import jsonschema
 
 from ponder.extras import require
 from ponder.tools.base import Tool
+from ponder.tools.safety.poisoning import SCREEN_ACTIONS, ScreenOptions, ToolScreen, ToolVerdict, screen_tools
 from ponder.types import ToolResult, ToolSpec
 
 logger = logging.getLogger(__name__)
 
-SPEC_KEYS = ("name", "command", "url", "tools", "timeout_s", "connect_timeout_s", "env", "cwd")
+SPEC_KEYS = ("name", "command", "url", "tools", "timeout_s", "connect_timeout_s", "env", "cwd", "screen")
 # How often a waiting call wakes up: the registry's timeout can only stop it between waits.
 _POLL_S = 0.05
 _CLOSE_WAIT_S = 5.0
@@ -64,6 +71,9 @@ class McpServerSpec:
     env: extra environment variables for the command (the SDK passes only a safe few
         of ponder's own, such as PATH and HOME).
     cwd: the command's working directory; empty = ponder's.
+    screen: what the tool-poisoning screen does with a tool whose definition reads as
+        instructions: `quarantine` (left out), `strip` (cleaned), `flag` (kept, with the
+        warning) or `off`.
     """
 
     name: str
@@ -74,6 +84,7 @@ class McpServerSpec:
     connect_timeout_s: float = 30.0
     env: tuple[tuple[str, str], ...] = ()
     cwd: str = ""
+    screen: str = "quarantine"
 
     def describe(self) -> str:
         return self.url or " ".join(self.command)
@@ -126,7 +137,10 @@ def _parse_one(entry: Any, where: str) -> McpServerSpec:
     env_pairs = tuple((str(key), str(value)) for key, value in env.items())
     cwd = str(entry.get("cwd") or "")
     command = tuple(command or ())
-    return McpServerSpec(name.strip(), command, url, tuple(tools), timeout_s, connect_s, env_pairs, cwd)
+    screen = entry.get("screen", "quarantine")
+    if screen not in SCREEN_ACTIONS:
+        raise McpServerError(f"{where}: `screen` must be one of {', '.join(SCREEN_ACTIONS)}, got {screen!r}")
+    return McpServerSpec(name.strip(), command, url, tuple(tools), timeout_s, connect_s, env_pairs, cwd, screen)
 
 
 def _positive(value: Any, key: str, where: str, allow_none: bool = False) -> Any:
@@ -149,6 +163,7 @@ class McpConnection:
     def __init__(self, spec: McpServerSpec) -> None:
         self.spec = spec
         self.listed: list[Any] = []  # the server's mcp_types.Tool records
+        self.verdicts: list[ToolVerdict] = []  # the poisoning screen's, from the last tools()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._holder: concurrent.futures.Future[None] | None = None
@@ -211,15 +226,20 @@ class McpConnection:
         return StdioServerParameters(command=command[0], args=command[1:], env=dict(self.spec.env) or None,
                                      cwd=self.spec.cwd or None)  # fmt: skip
 
-    def tools(self) -> list[Tool]:
-        """The server's tools (those `spec.tools` names, or all) as ponder Tools."""
+    def tools(self, screen: ToolScreen | None = None, known: Mapping[str, str] | None = None) -> list[Tool]:
+        """The server's tools (those `spec.tools` names, or all) as ponder Tools, through
+        the poisoning screen: `screen`, else one acting as `spec.screen` says. `known` maps
+        the names of tools registered before these to their source (for name shadowing)."""
         by_name = {listed.name: listed for listed in self.listed}
         missing = [name for name in self.spec.tools if name not in by_name]
         if missing:
             raise McpServerError(f"MCP server '{self.spec.name}' has no tool {missing[0]!r}; it lists: "
                                  f"{', '.join(by_name) or '(none)'}")  # fmt: skip
         wanted = self.spec.tools or tuple(by_name)
-        return [self._as_tool(by_name[name]) for name in wanted]
+        tools = [self._as_tool(by_name[name]) for name in wanted]
+        screen = screen or ToolScreen(ScreenOptions(action=self.spec.screen))
+        kept, self.verdicts = screen_tools(tools, screen, f"MCP server '{self.spec.name}'", known)
+        return kept
 
     def _as_tool(self, listed: Any) -> Tool:
         where = f"MCP server '{self.spec.name}', tool {listed.name!r}"
@@ -375,16 +395,22 @@ def close_shared_connections() -> None:
         connection.close()
 
 
-def mcp_tools(specs: Iterable[McpServerSpec]) -> list[Tool]:
-    """The tools of every server in `specs`, through shared connections; McpServerError
-    when one cannot be reached or two servers offer a tool of the same name."""
+def mcp_tools(specs: Iterable[McpServerSpec], known: Mapping[str, str] | None = None) -> list[Tool]:
+    """The tools of every server in `specs`, through shared connections and each one's
+    poisoning screen (`known`: names registered before them → their source; each server's
+    tools are known to the next); McpServerError when one cannot be reached or two servers
+    offer a tool of the same name."""
     tools: list[Tool] = []
     owner: dict[str, str] = {}
+    seen = dict(known or {})
     for spec in specs:
-        for item in shared_connection(spec).tools():
-            if item.name in owner:
-                raise McpServerError(f"MCP servers '{owner[item.name]}' and '{spec.name}' both offer a tool "
-                                     f"named {item.name!r}; pick one with `tools:`")  # fmt: skip
-            owner[item.name] = spec.name
-            tools.append(item)
+        connection = shared_connection(spec)
+        for name in spec.tools or [listed.name for listed in connection.listed]:
+            if name in owner:  # a plain clash is a recipe's mistake, said so before any screening
+                raise McpServerError(f"MCP servers '{owner[name]}' and '{spec.name}' both offer a tool "
+                                     f"named {name!r}; pick one with `tools:`")  # fmt: skip
+            owner[name] = spec.name
+        kept = connection.tools(known=seen)
+        seen.update((item.name, f"MCP server '{spec.name}'") for item in kept)
+        tools.extend(kept)
     return tools

@@ -14,19 +14,30 @@ redacted, marked or withheld (`detector_action`). Output of tools the policy doe
 mark trusted taints the episode too. Refusals come back as error results the model
 reads, never as exceptions.
 
+Two layers act outside the calls. A `ToolScreen` (ponder.tools.safety.poisoning) checks
+the tools' own definitions when the agent lists them (`offered`): a quarantined tool is
+not offered and a call to it is refused; a stripped one is offered cleaned. A
+`ConversationGuard` (ponder.tools.safety.conversation) classifies the user's turns of a
+conversation as a whole (`check_turn`, called by the agent before each request is run).
+
 `record` is a JSON-ready dict kept with the episode (the agent keeps it in
-`state.memory["guard"]`), so taint survives saving and resuming a run.
+`state.memory["guard"]`), so taint survives saving and resuming a run. A `request` in it
+is whose words the monitor checks call arguments against (default: the task): a team
+member's run carries the user's request there, not the subtask a peer wrote.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from ponder.tools.safety.conversation import ConversationGuard
 from ponder.tools.safety.detector import InjectionDetector
 from ponder.tools.safety.monitor import TrajectoryMonitor, call_event, read_event
+from ponder.tools.safety.poisoning import Screened, ToolScreen
 from ponder.tools.safety.policy import SafetyPolicy
 from ponder.types import ToolCall, ToolResult, ToolSpec
 
@@ -73,16 +84,39 @@ class Guard:
 
     def __init__(self, policy: SafetyPolicy | None = None, detector: InjectionDetector | None = None,
                  confirm: Confirm | None = None, monitor: TrajectoryMonitor | None = None,
-                 options: GuardOptions | None = None) -> None:  # fmt: skip
+                 options: GuardOptions | None = None, screen: ToolScreen | None = None,
+                 conversation: ConversationGuard | None = None) -> None:  # fmt: skip
         self.policy = policy or SafetyPolicy()
         self.detector = detector
         self.confirm = confirm
         self.monitor = monitor
         self.options = options or GuardOptions()
+        self.screen = screen
+        self.conversation = conversation
+        self.quarantined: dict[str, str] = {}  # tool name -> the screen's warning line
+        self._screened: dict[str, Screened] = {}
 
     def offered(self, specs: list[ToolSpec]) -> list[ToolSpec]:
-        """The tools worth showing the model: those the allow-list lets it call."""
+        """The tools worth showing the model: those the allow-list lets it call, less the
+        ones the screen quarantines (stripped ones cleaned)."""
+        if self.screen is not None:
+            specs = self._screen(specs).specs
         return [spec for spec in specs if self.policy.allows(spec.name)]
+
+    def _screen(self, specs: list[ToolSpec]) -> Screened:
+        key = json.dumps([[s.name, s.description, s.parameters] for s in specs], sort_keys=True, default=str)
+        screened = self._screened.get(key)
+        if screened is None:  # screened once per set of definitions (the warning is logged once)
+            assert self.screen is not None
+            screened = self._screened[key] = self.screen.screen(specs)
+            for verdict in screened.verdicts:
+                if verdict.outcome == "quarantined":
+                    self.quarantined[verdict.tool] = verdict.warning()
+        return screened
+
+    def check_turn(self, message: str, record: dict[str, Any]) -> str | None:
+        """The conversation layer's refusal of the user's next `message`, or None."""
+        return self.conversation.check_turn(message, record) if self.conversation is not None else None
 
     def session(self, tools: CallableTools, record: dict[str, Any], task: str = "", turn: int = 0) -> GuardSession:
         for key in ("events", "tainted_by", "refused", "confirmations"):
@@ -94,7 +128,8 @@ class GuardSession:
     """One episode's view of the guard: `call` and `validate`, like a ToolRegistry."""
 
     def __init__(self, guard: Guard, tools: CallableTools, record: dict[str, Any], task: str, turn: int) -> None:
-        self.guard, self.tools, self.record, self.task, self.turn = guard, tools, record, task, turn
+        self.guard, self.tools, self.record, self.turn = guard, tools, record, turn
+        self.task = str(record.get("request") or task)
 
     def __getattr__(self, name: str) -> Any:
         # Settings the tool step reads from its registry (e.g. max_calls_per_action) pass through.
@@ -123,6 +158,8 @@ class GuardSession:
 
     def _refusal(self, call: ToolCall) -> str | None:
         guard, options = self.guard, self.guard.options
+        if call.name in guard.quarantined:
+            return f"tool '{call.name}' is quarantined ({guard.quarantined[call.name]})"
         reason = guard.policy.check(call)
         if reason is not None:
             return reason

@@ -5,7 +5,9 @@ A `SafetyPolicy` is plain data (loadable from YAML or JSON) checked before every
 - per tool (`tools`), a `ToolRule`: `sensitive` (needs the user's confirmation),
   `trusted` (its output is not untrusted text, e.g. a calculator), and argument rules:
   a path that must stay under a folder, a URL whose host must be on a list, a value that
-  must match a regex.
+  must match a regex;
+- `forbid`: intents (an act on a target) the conversation guard refuses across a
+  conversation's user turns (ponder.tools.safety.conversation).
 `SafetyPolicy.check(call)` returns one line saying why the call is refused, or None.
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ponder.tools.safety.conversation import Intent, intents_from_dict
 from ponder.types import ToolCall
 
 
@@ -72,6 +75,7 @@ class SafetyPolicy:
 
     allow: list[str] | None = None
     tools: dict[str, ToolRule] = field(default_factory=dict)
+    forbid: list[Intent] = field(default_factory=list)  # the conversation guard's intents
 
     def rule(self, tool_name: str) -> ToolRule:
         return self.tools.get(tool_name) or ToolRule()
@@ -100,9 +104,10 @@ class SafetyPolicy:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SafetyPolicy:
         """From `{"allow": [...], "sensitive": [...], "trusted": [...], "tools": {name:
-        {"sensitive", "trusted", "arguments": {arg: {"under" | "base" | "hosts" | "pattern"}}}}}`;
-        ValueError naming the bad key."""
-        unknown = set(data) - {"allow", "sensitive", "trusted", "tools"}
+        {"sensitive", "trusted", "arguments": {arg: {"under" | "base" | "hosts" | "pattern"}}}},
+        "forbid": {intent: {"act": [...], "target": [...], "description"}}}` (what the
+        conversation guard refuses); ValueError naming the bad key."""
+        unknown = set(data) - {"allow", "sensitive", "trusted", "tools", "forbid"}
         if unknown:
             raise ValueError(f"safety policy: unknown key(s) {', '.join(sorted(unknown))}")
         tools: dict[str, ToolRule] = {}
@@ -118,7 +123,10 @@ class SafetyPolicy:
             for name in data.get(flag) or []:
                 setattr(tools.setdefault(name, ToolRule()), flag, True)
         allow = data.get("allow")
-        return cls(list(allow) if allow is not None else None, tools)
+        forbid = data.get("forbid") or {}
+        if not isinstance(forbid, dict):
+            raise ValueError("safety policy: forbid maps each intent's name to {act: [...], target: [...]}")
+        return cls(list(allow) if allow is not None else None, tools, intents_from_dict(forbid))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SafetyPolicy:
@@ -132,7 +140,10 @@ class SafetyPolicy:
             data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a safety policy must be a mapping")
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
 
 def _argument_rule(tool_name: str, argument: str, spec: Any) -> ArgumentRule:
