@@ -252,7 +252,7 @@ def test_ppo_and_a_client_side_custom_loss_match_ponder(server, client):
     mine = token_logprobs(model, ids_t, torch.ones_like(ids_t))
     is_loss, _ = policy_loss("importance_sampling", mine, sampler, advantages, torch.ones_like(advantages))
     for served, expected_grad in zip(served_grads, torch.autograd.grad(is_loss.sum(), trainable)):
-        torch.testing.assert_close(served, expected_grad, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(served, expected_grad, rtol=1e-3, atol=1e-5)
     expected, _ = policy_loss("ppo", trainer, sampler, advantages, torch.ones_like(advantages),
                               LossConfig(clip_low=0.3, clip_high=0.3))  # fmt: skip
     assert out.metrics["loss:sum"] == pytest.approx(float(expected.sum()), rel=1e-5)
