@@ -17,7 +17,7 @@ from pathlib import Path
 # What ponder writes at the top of a run, stage or evaluation directory.
 MARKERS = (
     "recipe.yaml", "results.json", "metrics.jsonl", "metrics.json", "trajectories.parquet",
-    "checkpoints", "done.json", "ponder.json", "rl", "sft",
+    "checkpoints", "done.json", "ponder.json", "rl", "sft", "adapters.json",
 )  # fmt: skip
 
 

@@ -622,6 +622,9 @@ def _register_package_commands(commands: Any) -> None:
     from ponder.cli.sandbagging import register as register_sandbagging_command
 
     register_sandbagging_command(commands)  # `sandbagging`
+    from ponder.cli.adapters import register as register_adapters_command
+
+    register_adapters_command(commands)  # `train-adapters`
 
 
 def _add_mcp_serve_command(commands: Any) -> None:

@@ -17,7 +17,7 @@ WIDTH = 80  # the grouped list never passes this column
 NAME_COLUMN = 19  # "  bench-injection  " — the longest name and its margins
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "train": ("demo", "train", "pipeline", "warmup", "improve", "export", "merge", "estimate"),
+    "train": ("demo", "train", "train-adapters", "pipeline", "warmup", "improve", "export", "merge", "estimate"),
     "evaluate": ("eval", "report", "plot", "gain", "contamination", "bench-agent", "bench-injection",
                  "sandbagging"),
     "run and serve": ("chat", "run-agent", "serve", "gateway", "personal", "serve-retriever", "mcp-serve",
@@ -36,6 +36,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "ponder train --recipe recipes/search_qa_grpo.yaml --out runs/grpo",
         "ponder train --resume runs/grpo train.steps=30",
     ),
+    "train-adapters": ("ponder train-adapters examples/adapters/four.yaml --sft-from runs/demo",),
     "pipeline": ("ponder pipeline run recipes/pipeline_search_qa.yaml --out runs/pipeline",),
     "warmup": ("ponder warmup --recipe recipes/math.yaml --recipe recipes/code.yaml",),
     "improve": ("ponder improve --recipe recipes/math.yaml --rounds 2 --out runs/improve",),

@@ -16,13 +16,23 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
     adapters disabled (see models.logprobs.reference_logprobs). With
     `last_n_layers`, only the top layers get adapters, so backward stops early.
     """
-    from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     from ponder.models.cpu_matmul import matmul_dtype
     from ponder.models.lora_fused import fuse_lora_linears
 
     config = config or LoraConfig()
+    peft_config = peft_lora_config(policy, config)
+    base_dtype = matmul_dtype(config.base_matmul_dtype, "lora.base_matmul_dtype", policy.dtype, policy.device)
+    model: Any = get_peft_model(policy.model, peft_config)
+    fuse_lora_linears(model, base_dtype)
+    return replace(policy, model=model)
+
+
+def peft_lora_config(policy: Policy, config: LoraConfig) -> Any:
+    """PEFT's LoraConfig for ponder's `lora` section on `policy`'s model."""
+    from peft import LoraConfig as PeftLoraConfig
+
     layers = None
     if config.last_n_layers > 0:
         total = policy.model.config.num_hidden_layers
@@ -32,7 +42,7 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
         # PEFT's layer selection needs explicit module names; these are every linear
         # layer of a Llama-style block (the lm_head is never adapted).
         target = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft_config = PeftLoraConfig(
+    return PeftLoraConfig(
         r=config.r,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
@@ -40,10 +50,6 @@ def apply_lora(policy: Policy, config: LoraConfig | None = None) -> Policy:
         layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
-    base_dtype = matmul_dtype(config.base_matmul_dtype, "lora.base_matmul_dtype", policy.dtype, policy.device)
-    model: Any = get_peft_model(policy.model, peft_config)
-    fuse_lora_linears(model, base_dtype)
-    return replace(policy, model=model)
 
 
 def trainable_parameters(model: Any) -> tuple[int, int]:
