@@ -71,6 +71,32 @@ def test_each_row_of_a_mixed_batch_gets_what_its_adapter_alone_gives():
     assert (alone["alice"][0] - alone["bob"][0]).abs().max() > 1e-2  # the adapters do differ
 
 
+def test_a_mixed_batch_samples_what_each_adapter_samples_alone():
+    """Greedy decoding through the lean multi-adapter decoder, rows of two adapters in
+    one batch, against each adapter merged into the single-adapter backend's decoder."""
+    from dataclasses import replace
+
+    from ponder.config import SamplingConfig
+    from ponder.rollout.backend import GenerationRequest
+    from ponder.rollout.hf import HFBackend
+    from ponder.rollout.multi_adapter import MultiAdapterBackend, MultiLoraDecoder
+
+    policy = two_adapters()
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens_per_turn=12)
+    contexts = [[5, 9, 31, 7], [12, 40, 3], [8, 8, 100, 21, 6]]
+    backend = MultiAdapterBackend(policy, sampling, reuse_kv=False)
+    assert isinstance(backend.sampling_model(), MultiLoraDecoder)
+    keys = ["alice/t0#0", "bob/t1#0", "alice/t2#0", "bob/t0#0"]
+    mixed = backend.generate([GenerationRequest(k, contexts[i % 3], 12) for i, k in enumerate(keys)], [])
+    for i, (key, got) in enumerate(zip(keys, mixed)):
+        activate(policy.model, key.partition("/")[0])
+        alone = HFBackend(replace(policy), sampling, reuse_kv=False)
+        [want] = alone.generate([GenerationRequest("x", contexts[i % 3], 12)], [])
+        assert got.token_ids == want.token_ids, key
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4), key
+    assert mixed[0].token_ids != mixed[3].token_ids  # one context, two adapters: two continuations
+
+
 def snapshot(trainer, name):
     params = {k: p.detach().clone() for k, p in adapter_parameters(trainer.policy.model, name).items()}
     return params, copy.deepcopy(trainer.trainers[name].optimizer.state_dict())

@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import copy
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -147,6 +147,32 @@ def rows_with_adapters(names: list[str | None], device: torch.device | str = "cp
         _PLAN.reset(token)
 
 
+def current_plan() -> RowPlan | None:
+    """The row plan of the enclosing `rows_with_adapters` block, None outside one."""
+    return _PLAN.get()
+
+
+LowRank = tuple[torch.Tensor, torch.Tensor, float]  # A [r, in], B [out, r], scaling
+
+
+def add_row_deltas(out: torch.Tensor, x: torch.Tensor, plan: RowPlan,
+                   low_rank: Callable[[str], LowRank | None]) -> torch.Tensor:  # fmt: skip
+    """out (the frozen product for every row of x) plus each row's adapter delta,
+    s (x Aᵀ) Bᵀ, computed once per group of rows sharing an adapter; `low_rank(name)`
+    gives that adapter's (A, B, s) here, or None where it has none (a row named None
+    gets the base alone)."""
+    whole = len(plan.groups) == 1
+    for name, rows in plan.groups:
+        found = None if name is None else low_rank(name)
+        if found is None:
+            continue
+        a, b, scaling = found
+        part = x if whole else x.index_select(0, rows)
+        delta = ((part.to(a.dtype) @ a.t()) @ b.t()).mul_(scaling).to(out.dtype)
+        out = out.add_(delta) if whole else out.index_add_(0, rows, delta)
+    return out
+
+
 class RowLoraLinear(FusedLoraLinear):
     """The fused LoRA linear; inside `rows_with_adapters` each row gets its own adapter."""
 
@@ -156,16 +182,12 @@ class RowLoraLinear(FusedLoraLinear):
             return super().forward(x, *args, **kwargs)
         if x.shape[0] != plan.rows:
             raise ValueError(f"rows_with_adapters names {plan.rows} rows, the batch has {x.shape[0]}")
-        out = self.base_layer(x)
-        for name, rows in plan.groups:
-            if name is None or name not in self.lora_A:  # the base, or an adapter without this layer
-                continue
-            a, b = self.lora_A[name].weight, self.lora_B[name].weight
-            whole = len(plan.groups) == 1
-            part = x if whole else x.index_select(0, rows)
-            delta = ((part.to(a.dtype) @ a.t()) @ b.t()).mul_(float(self.scaling[name])).to(out.dtype)
-            out = out.add_(delta) if whole else out.index_add_(0, rows, delta)
-        return out
+        return add_row_deltas(self.base_layer(x), x, plan, self.low_rank)
+
+    def low_rank(self, name: str) -> LowRank | None:
+        if name not in self.lora_A:  # an adapter without this layer (lora.last_n_layers)
+            return None
+        return self.lora_A[name].weight, self.lora_B[name].weight, float(self.scaling[name])
 
 
 # --- one adapter seen alone ----------------------------------------------------------------

@@ -8,9 +8,10 @@ adapter (models/multi_lora.py). The KV cache is kept per episode between turns a
 the `hf` backend; shared prefills (a system prompt all new episodes have) are shared
 only among the rows of one adapter, since an adapter changes the keys and values.
 
-The lean CPU decoder merges one adapter into fused matrices, so this backend samples
-from the unmerged PEFT model instead: per row that is slower than the decoder a single
-adapter's run uses, and the whole batch's frozen products are shared.
+It samples through `MultiLoraDecoder`: ponder's lean decoder (rollout/llama_decode.py)
+holding the frozen base's fused matrices, each adding the rows' low-rank deltas per
+adapter (q|k|v and gate|up as one A and a block-diagonal B each). Models the lean
+decoder does not cover sample through the PEFT model, the same deltas per row.
 """
 
 from __future__ import annotations
@@ -21,10 +22,59 @@ import torch
 
 from ponder.config import SamplingConfig
 from ponder.models.loading import Policy
-from ponder.models.multi_lora import adapter_names, rows_with_adapters
+from ponder.models.multi_lora import LowRank, add_row_deltas, adapter_names, current_plan, rows_with_adapters
 from ponder.rollout.backend import Generation, GenerationRequest
 from ponder.rollout.hf import HFBackend, _compact
 from ponder.rollout.kv import RowKV
+from ponder.rollout.llama_decode import LlamaDecoder, _covered, _Linear
+
+
+class _RowDeltas:
+    """A lean decoder's fused frozen product plus, per row, its adapter's low-rank delta."""
+
+    def __init__(self, base: _Linear, low_rank: dict[str, LowRank]) -> None:
+        self.base, self.low_rank = base, low_rank
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        plan = current_plan()
+        if plan is None:
+            raise ValueError("a multi-adapter decoder runs inside rows_with_adapters (which row has which adapter)")
+        return add_row_deltas(self.base(x), x, plan, self.low_rank.get)
+
+
+def _fused_low_rank(modules: list[Any], names: list[str]) -> dict[str, LowRank]:
+    """Per adapter, the low-rank factors of the fused product of `modules` (PEFT LoRA
+    linears whose outputs are concatenated): A stacked, B block-diagonal, scalings in B."""
+    out = {}
+    for name in names:
+        if not all(name in m.lora_A for m in modules):
+            continue  # lora.last_n_layers: this adapter has no weights in this layer
+        a = torch.cat([m.lora_A[name].weight.detach() for m in modules])
+        b = torch.block_diag(*[m.lora_B[name].weight.detach() * float(m.scaling[name]) for m in modules])
+        out[name] = (a, b, 1.0)
+    return out
+
+
+class MultiLoraDecoder(LlamaDecoder):
+    """The lean decoder over the frozen base; each row's adapter added per row group."""
+
+    def __init__(self, model: Any) -> None:
+        base = model.get_base_model()
+        with torch.no_grad(), model.disable_adapter():  # the base weights, no adapter merged
+            super().__init__(base, base.config)
+        names = adapter_names(model)
+        with torch.no_grad():
+            for layer, block in zip(self.layers, base.model.layers, strict=True):
+                attn, mlp = block.self_attn, block.mlp
+                layer.qkv = _RowDeltas(layer.qkv, _fused_low_rank([attn.q_proj, attn.k_proj, attn.v_proj], names))
+                layer.o = _RowDeltas(layer.o, _fused_low_rank([attn.o_proj], names))
+                layer.gate_up = _RowDeltas(layer.gate_up, _fused_low_rank([mlp.gate_proj, mlp.up_proj], names))
+                layer.down = _RowDeltas(layer.down, _fused_low_rank([mlp.down_proj], names))
+
+    @staticmethod
+    def covers(model: Any) -> bool:
+        base = model.get_base_model()
+        return _covered(base.config) and base.device.type == "cpu"
 
 
 def adapter_of_key(key: str, known: list[str]) -> str:
@@ -53,7 +103,10 @@ class MultiAdapterBackend(HFBackend):
         return adapter_names(self.model)
 
     def sampling_model(self) -> Any:
-        return self.model
+        """The lean multi-adapter decoder (rebuilt after each update), else the PEFT model."""
+        if self._sampler is None:
+            self._sampler = MultiLoraDecoder(self.model) if MultiLoraDecoder.covers(self.model) else self.model
+        return self._sampler
 
     def continuous(self) -> bool:
         return False
@@ -67,7 +120,7 @@ class MultiAdapterBackend(HFBackend):
         """The `hf` backend's eager decode loop, each batch row under its own adapter."""
         known = self.adapters()
         names: list[str | None] = [adapter_of_key(r.key, known) for r in requests]
-        model, device = self.model, self.policy.device
+        model, device = self.sampling_model(), self.policy.device
         rows = self._rows(requests)
         with rows_with_adapters(names, device):
             cache, logits, attention_mask, next_position = self._prefill(model, requests)
