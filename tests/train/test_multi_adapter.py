@@ -82,7 +82,7 @@ def test_a_mixed_batch_samples_what_each_adapter_samples_alone():
     from ponder.rollout.multi_adapter import MultiAdapterBackend, MultiLoraDecoder
 
     policy = two_adapters()
-    sampling = SamplingConfig(temperature=0.0, max_new_tokens_per_turn=12)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens_per_turn=12, dtype="float32")
     contexts = [[5, 9, 31, 7], [12, 40, 3], [8, 8, 100, 21, 6]]
     backend = MultiAdapterBackend(policy, sampling, reuse_kv=False)
     assert isinstance(backend.sampling_model(), MultiLoraDecoder)

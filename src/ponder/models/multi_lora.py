@@ -21,7 +21,7 @@ import contextvars
 import copy
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -119,10 +119,12 @@ def adapter_parameters(model: Any, name: str) -> dict[str, torch.nn.Parameter]:
 
 @dataclass(frozen=True)
 class RowPlan:
-    """Which rows of a batch use which adapter: (name or None for the base, row indices [k])."""
+    """Which rows of a batch use which adapter: (name or None for the base, its rows: a
+    slice where they are contiguous, else their indices [k])."""
 
-    groups: tuple[tuple[str | None, torch.Tensor], ...]
+    groups: tuple[tuple[str | None, slice | torch.Tensor], ...]
     rows: int
+    masks: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False)  # per rank layout, built once
 
 
 _PLAN: contextvars.ContextVar[RowPlan | None] = contextvars.ContextVar("ponder_row_adapters", default=None)
@@ -133,8 +135,15 @@ def row_plan(names: list[str | None], device: torch.device | str = "cpu") -> Row
     order: dict[str | None, list[int]] = {}
     for row, name in enumerate(names):
         order.setdefault(name, []).append(row)
-    groups = tuple((name, torch.tensor(rows, device=device, dtype=torch.long)) for name, rows in order.items())
+    groups = tuple((name, _rows(rows, device)) for name, rows in order.items())
     return RowPlan(groups, len(names))
+
+
+def _rows(rows: list[int], device: torch.device | str) -> slice | torch.Tensor:
+    """A slice for contiguous rows (a view, no copy), else an index tensor."""
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return slice(rows[0], rows[-1] + 1)
+    return torch.tensor(rows, device=device, dtype=torch.long)
 
 
 @contextlib.contextmanager
@@ -161,15 +170,17 @@ def add_row_deltas(out: torch.Tensor, x: torch.Tensor, plan: RowPlan,
     s (x Aᵀ) Bᵀ, computed once per group of rows sharing an adapter; `low_rank(name)`
     gives that adapter's (A, B, s) here, or None where it has none (a row named None
     gets the base alone)."""
-    whole = len(plan.groups) == 1
     for name, rows in plan.groups:
         found = None if name is None else low_rank(name)
         if found is None:
             continue
         a, b, scaling = found
-        part = x if whole else x.index_select(0, rows)
+        part = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
         delta = ((part.to(a.dtype) @ a.t()) @ b.t()).mul_(scaling).to(out.dtype)
-        out = out.add_(delta) if whole else out.index_add_(0, rows, delta)
+        if isinstance(rows, slice):
+            out[rows].add_(delta)
+        else:
+            out.index_add_(0, rows, delta)
     return out
 
 

@@ -16,13 +16,14 @@ decoder does not cover sample through the PEFT model, the same deltas per row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ponder.config import SamplingConfig
 from ponder.models.loading import Policy
-from ponder.models.multi_lora import LowRank, add_row_deltas, adapter_names, current_plan, rows_with_adapters
+from ponder.models.multi_lora import LowRank, adapter_names, current_plan, rows_with_adapters
 from ponder.rollout.backend import Generation, GenerationRequest
 from ponder.rollout.hf import HFBackend, _compact
 from ponder.rollout.kv import RowKV
@@ -30,16 +31,45 @@ from ponder.rollout.llama_decode import LlamaDecoder, _covered, _Linear
 
 
 class _RowDeltas:
-    """A lean decoder's fused frozen product plus, per row, its adapter's low-rank delta."""
+    """A lean decoder's fused frozen product plus, per row, its adapter's low-rank delta:
+    every adapter's A stacked (one product for all rows), each row's columns of the
+    other adapters zeroed, every adapter's B side by side (one product again); both
+    products as the decoder runs its own (`make`: its matrix precision and packing)."""
 
-    def __init__(self, base: _Linear, low_rank: dict[str, LowRank]) -> None:
-        self.base, self.low_rank = base, low_rank
+    def __init__(self, base: _Linear, low_rank: dict[str, LowRank], make: Callable[..., _Linear]) -> None:
+        self.base = base
+        self.layout = tuple((name, a.shape[0]) for name, (a, _, _) in low_rank.items())
+        if low_rank:
+            self.a = make(torch.cat([a for a, _, _ in low_rank.values()]), None)
+            self.b = make(torch.cat([b * scaling for _, b, scaling in low_rank.values()], dim=1).contiguous(), None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         plan = current_plan()
         if plan is None:
             raise ValueError("a multi-adapter decoder runs inside rows_with_adapters (which row has which adapter)")
-        return add_row_deltas(self.base(x), x, plan, self.low_rank.get)
+        out = self.base(x)
+        if not self.layout:
+            return out
+        mask = plan_mask(plan, self.layout, x.device)
+        low = self.a(x)
+        low = low.mul_(mask.view(mask.shape[0], *([1] * (low.dim() - 2)), mask.shape[1]).to(low.dtype))
+        return out.add_(self.b(low))
+
+
+def plan_mask(plan: Any, layout: tuple[tuple[str, int], ...], device: torch.device) -> torch.Tensor:
+    """[rows, sum of ranks]: 1 in the columns of each row's own adapter (`layout`: the
+    adapters' names and ranks in the stacked order), kept on the plan for its next layer."""
+    mask = plan.masks.get(layout)
+    if mask is None:
+        mask = torch.zeros(plan.rows, sum(rank for _, rank in layout), device=device)
+        start = 0
+        for name, rank in layout:
+            for owner, rows in plan.groups:
+                if owner == name:
+                    mask[rows, start : start + rank] = 1.0
+            start += rank
+        plan.masks[layout] = mask
+    return mask
 
 
 def _fused_low_rank(modules: list[Any], names: list[str]) -> dict[str, LowRank]:
@@ -58,18 +88,18 @@ def _fused_low_rank(modules: list[Any], names: list[str]) -> dict[str, LowRank]:
 class MultiLoraDecoder(LlamaDecoder):
     """The lean decoder over the frozen base; each row's adapter added per row group."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, matmul_dtype: torch.dtype | None = None) -> None:
         base = model.get_base_model()
         with torch.no_grad(), model.disable_adapter():  # the base weights, no adapter merged
-            super().__init__(base, base.config)
+            super().__init__(base, base.config, matmul_dtype)
         names = adapter_names(model)
         with torch.no_grad():
             for layer, block in zip(self.layers, base.model.layers, strict=True):
                 attn, mlp = block.self_attn, block.mlp
-                layer.qkv = _RowDeltas(layer.qkv, _fused_low_rank([attn.q_proj, attn.k_proj, attn.v_proj], names))
-                layer.o = _RowDeltas(layer.o, _fused_low_rank([attn.o_proj], names))
-                layer.gate_up = _RowDeltas(layer.gate_up, _fused_low_rank([mlp.gate_proj, mlp.up_proj], names))
-                layer.down = _RowDeltas(layer.down, _fused_low_rank([mlp.down_proj], names))
+                for field, modules in (("qkv", [attn.q_proj, attn.k_proj, attn.v_proj]), ("o", [attn.o_proj]),
+                                       ("gate_up", [mlp.gate_proj, mlp.up_proj]), ("down", [mlp.down_proj])):  # fmt: skip
+                    deltas = _RowDeltas(getattr(layer, field), _fused_low_rank(modules, names), self._linear)
+                    setattr(layer, field, deltas)
 
     @staticmethod
     def covers(model: Any) -> bool:
@@ -94,9 +124,8 @@ class MultiAdapterBackend(HFBackend):
             raise ValueError("MultiAdapterBackend needs a model with LoRA adapters (attach_lora_adapters)")
         super().__init__(policy, sampling, seed=seed, reuse_kv=reuse_kv)
         self.model = model
-        # the PEFT model itself samples, in the trainer's dtype: its log-probs are the trainer's
-        self.dtype = policy.dtype
-        self.logprobs_match_trainer = True
+        if not MultiLoraDecoder.covers(model):  # the PEFT model samples, its log-probs the trainer's
+            self.dtype, self.logprobs_match_trainer = policy.dtype, True
         self._reading: str | None = None  # the adapter whose rows _pasts is prefilling
 
     def adapters(self) -> list[str]:
@@ -105,7 +134,8 @@ class MultiAdapterBackend(HFBackend):
     def sampling_model(self) -> Any:
         """The lean multi-adapter decoder (rebuilt after each update), else the PEFT model."""
         if self._sampler is None:
-            self._sampler = MultiLoraDecoder(self.model) if MultiLoraDecoder.covers(self.model) else self.model
+            covered = MultiLoraDecoder.covers(self.model)
+            self._sampler = MultiLoraDecoder(self.model, self.dtype) if covered else self.model
         return self._sampler
 
     def continuous(self) -> bool:
@@ -115,8 +145,19 @@ class MultiAdapterBackend(HFBackend):
         raise ValueError("train.async_rollouts is not supported with several adapters: the update moves the "
                          "weights the next rollouts would sample from")  # fmt: skip
 
-    @torch.no_grad()
     def _generate(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
+        """Each adapter's rows side by side (contiguous: its delta reads a view of the
+        batch), the generations back in the requests' order."""
+        known = self.adapters()
+        order = sorted(range(len(requests)), key=lambda i: known.index(adapter_of_key(requests[i].key, known)))
+        generated = self._decode([requests[i] for i in order], stop_strings)
+        out: list[Generation | None] = [None] * len(requests)
+        for i, generation in zip(order, generated):
+            out[i] = generation
+        return out  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _decode(self, requests: list[GenerationRequest], stop_strings: list[str]) -> list[Generation]:
         """The `hf` backend's eager decode loop, each batch row under its own adapter."""
         known = self.adapters()
         names: list[str | None] = [adapter_of_key(r.key, known) for r in requests]
