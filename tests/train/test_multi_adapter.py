@@ -27,7 +27,6 @@ TINY = [
 ]  # fmt: skip
 
 
-@register_reward("multi_adapter_test_low_ids")
 def low_id_share(trajectory, task):
     """Share of the policy's tokens with id < 256: it differs between samples of the
     random model, so every group carries a learning signal."""
@@ -36,6 +35,17 @@ def low_id_share(trajectory, task):
 
 
 LEARNS = 'reward.terms={"multi_adapter_test_low_ids": 1.0}'
+
+
+@pytest.fixture
+def learnable_reward():
+    """low_id_share as a reward component for this test only (other tests list the registry)."""
+    from ponder.rewards import REWARDS
+
+    register_reward("multi_adapter_test_low_ids")(low_id_share)
+    yield
+    REWARDS._items.pop("multi_adapter_test_low_ids", None)
+    REWARDS._traits.pop("multi_adapter_test_low_ids", None)
 
 
 def two_adapters():
@@ -102,7 +112,7 @@ def snapshot(trainer, name):
     return params, copy.deepcopy(trainer.trainers[name].optimizer.state_dict())
 
 
-def test_a_step_on_one_adapter_leaves_the_other_bit_for_bit(tmp_path):
+def test_a_step_on_one_adapter_leaves_the_other_bit_for_bit(tmp_path, learnable_reward):
     adapters = {"alice": ["optim.lr=1e-2", "train.seed=1"], "bob": ["optim.lr=1e-3", "train.seed=2", "train.steps=1"]}
     trainer = multi_adapter_trainer(adapter_recipes(None, [*TINY, LEARNS], adapters), tmp_path / "run")
     first = trainer.train_step()
